@@ -1,0 +1,134 @@
+"""One actor per maintenance branch: its own timer, its own failures.
+
+Timing (same as upstream's ``tokio::time::interval`` with the first tick
+skipped): ticks fall on a fixed grid ``start + k * interval``, ``k >= 1``,
+so the first body runs one interval after the branch starts. Ticks that
+pass while a body is still running are dropped, not bunched up: after a slow
+body the branch waits for the next grid point still in the future. (Tokio's
+default would fire the missed ticks back to back; a maintenance pass already
+does all the work its batch limits allow, so a burst only adds load and
+distorts the overrun samples.)
+
+Failure policy:
+
+* a :class:`~awa_trio.db.DatabaseError` or a body running past
+  ``branch_timeout`` is logged with the branch name, and the branch runs
+  again at its next tick;
+* any other exception is a bug: :func:`supervise_branch` logs it with its
+  traceback and restarts that branch (its next body runs one interval
+  later). More than ``branch_restart_limit`` crashes within
+  ``branch_restart_window`` means the bug is not transient, so the
+  supervisor raises :class:`~awa_trio.errors.LeadershipAbandoned`: the whole
+  leader scope is cancelled, the lock released, and another node (perhaps
+  running a fixed version) can lead. The cluster is never left silently
+  without maintenance by a crashed actor.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .db import DatabaseError
+from .errors import LeadershipAbandoned
+
+if TYPE_CHECKING:
+    from .context import MaintenanceContext
+    from .tracker_actor import TrackerClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class BranchSpec:
+    """A maintenance branch: what to run and how often."""
+
+    #: Name used in logs, metrics and the tracker (e.g. ``promote_scheduled``).
+    name: str
+    #: Seconds between ticks.
+    interval: float
+    #: One pass of the branch. Returns a small result for tests and logs.
+    run_once: Callable[[MaintenanceContext], Awaitable[Any]]
+    #: False tracks overruns without ever skipping bodies (terminal_count_rollup).
+    cooldown: bool = True
+    #: Run a first body as soon as the branch starts (cron_sync on election).
+    run_immediately: bool = False
+
+
+def next_tick_after(previous_tick: float, interval: float, now: float) -> float:
+    """The first grid point after ``previous_tick`` that is not in the past."""
+    next_tick = previous_tick + interval
+    if next_tick < now:
+        missed = math.ceil((now - next_tick) / interval)
+        next_tick += missed * interval
+    return next_tick
+
+
+async def run_branch(spec: BranchSpec, ctx: MaintenanceContext, tracker: TrackerClient) -> None:
+    """Tick forever (until cancelled): ask the tracker, run the body, report."""
+    tick = trio.current_time()
+    if not spec.run_immediately:
+        tick += spec.interval
+    while True:
+        await trio.sleep_until(tick)
+        decision = await tracker.begin_tick(spec.name, spec.interval, cooldown=spec.cooldown)
+        if decision.run:
+            started = trio.current_time()
+            await run_body(spec, ctx)
+            await tracker.finish_tick(spec.name, trio.current_time() - started)
+        tick = next_tick_after(tick, spec.interval, trio.current_time())
+
+
+async def run_body(spec: BranchSpec, ctx: MaintenanceContext) -> Any:
+    """One body, with the expected faults logged and swallowed."""
+    try:
+        with trio.fail_after(ctx.config.branch_timeout):
+            return await spec.run_once(ctx)
+    except DatabaseError as exc:
+        sqlstate = f" [{exc.sqlstate}]" if exc.sqlstate else ""
+        log.error("%s: database error%s: %s", spec.name, sqlstate, exc)
+    except trio.TooSlowError:
+        log.error("%s: body ran longer than branch_timeout (%.1fs) and was cancelled",
+                  spec.name, ctx.config.branch_timeout)
+    return None
+
+
+async def supervise_branch(
+    spec: BranchSpec,
+    ctx: MaintenanceContext,
+    tracker: TrackerClient,
+    *,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a branch, restarting it after a crash with bounded intensity."""
+    limit = ctx.config.branch_restart_limit
+    window = ctx.config.branch_restart_window
+    crashes: collections.deque[float] = collections.deque()
+    task_status.started()
+    while True:
+        try:
+            await run_branch(spec, ctx, tracker)
+        except Exception as exc:
+            now = trio.current_time()
+            crashes.append(now)
+            while crashes and crashes[0] < now - window:
+                crashes.popleft()
+            if len(crashes) > limit:
+                log.critical(
+                    "%s: crashed %d times within %.0fs; giving up leadership so a healthy "
+                    "node can take over",
+                    spec.name, len(crashes), window, exc_info=exc,
+                )
+                raise LeadershipAbandoned(
+                    f"branch {spec.name} crashed {len(crashes)} times within {window:g}s"
+                ) from exc
+            log.error(
+                "%s: crashed (%d of %d allowed within %.0fs); restarting",
+                spec.name, len(crashes), limit, window, exc_info=exc,
+            )

@@ -1,0 +1,1 @@
+"""Maintenance branches, one module each: defaults, ``run_once(ctx)``, SQL."""

@@ -1,0 +1,362 @@
+"""``python -m awa_trio``: run the maintenance leader, or install the schema.
+
+Every MaintenanceConfig field is a flag named after it with dashes
+(``--promote-interval``) and an environment variable (``AWA_PROMOTE_INTERVAL``).
+A TOML file (``--config``) can hold the same settings. Precedence: flag,
+environment, file, default. Startup errors print one line and exit non-zero;
+SIGINT and SIGTERM stop the service, release the lock and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import tomllib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import trio
+
+from .config import (
+    COUNT,
+    INTERVAL,
+    RETENTION,
+    DlqPolicy,
+    MaintenanceConfig,
+    RetentionPolicy,
+    format_duration,
+    parse_duration,
+)
+from .db import DatabaseError, sole_exception
+from .errors import AwaTrioError, ConfigError, UnsupportedSchema
+from .schema import migrate
+from .service import MaintenanceService
+
+log = logging.getLogger("awa_trio")
+
+DEFAULT_DATABASE_URL = "postgresql://localhost:5432/awa"
+ENV_PREFIX = "AWA_"
+COMMANDS = ("run", "migrate")
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def _default_text(field: dataclasses.Field) -> str:
+    kind = field.metadata["kind"]
+    default = field.default
+    if kind in (INTERVAL, RETENTION):
+        return format_duration(default)
+    return str(default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m awa_trio",
+        description="Trio-native maintenance leader for the Awa job queue.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "Durations accept 250ms, 30s, 5m, 24h, 30d or plain seconds.\n"
+            "Each setting can also come from the environment variable shown, or from\n"
+            "--config FILE (TOML); flags win over the environment, which wins over the file."
+        ),
+    )
+    parser.add_argument("command", nargs="?", choices=COMMANDS, default="run",
+                        help="run the leader (default) or install the awa schema with awa-pg")
+    parser.add_argument(
+        "--database-url",
+        help=f"PostgreSQL URL (env AWA_DATABASE_URL or DATABASE_URL; default {DEFAULT_DATABASE_URL})",
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML file with settings (env AWA_CONFIG)")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (env AWA_LOG_LEVEL; default INFO)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the effective settings as JSON and exit")
+    parser.add_argument(
+        "--disable-branch", action="append", default=None, metavar="NAME",
+        help="do not run this maintenance branch (repeatable; env AWA_DISABLE_BRANCHES, comma-separated)",
+    )
+
+    settings = parser.add_argument_group("maintenance settings")
+    for field in dataclasses.fields(MaintenanceConfig):
+        kind = field.metadata["kind"]
+        if kind not in (INTERVAL, RETENTION, COUNT):
+            continue
+        metavar = "N" if kind == COUNT else "DURATION"
+        settings.add_argument(
+            flag_name(field.name), dest=field.name, metavar=metavar,
+            help=f"{field.metadata['help']} (env {env_name(field.name)}; default {_default_text(field)})",
+        )
+    settings.add_argument(
+        "--queue-retention", action="append", default=None, metavar="QUEUE=COMPLETED[,FAILED[,DLQ]]",
+        help="retention override for one queue, e.g. emails=1h,12h (repeatable; env "
+             "AWA_QUEUE_RETENTION, ';'-separated)",
+    )
+    settings.add_argument(
+        "--dlq-queue", action="append", default=None, metavar="QUEUE=on|off",
+        help="dead-letter policy override for one queue (repeatable; env AWA_DLQ_QUEUES)",
+    )
+    settings.add_argument(
+        "--dlq-enabled-default", choices=("on", "off"), default=None,
+        help="dead-letter queues without an override (env AWA_DLQ_ENABLED_DEFAULT; default off)",
+    )
+    return parser
+
+
+def parse_queue_retention(text: str) -> tuple[str, RetentionPolicy]:
+    """``emails=1h,12h,7d`` -> ("emails", RetentionPolicy(...))."""
+    queue, sep, values = text.partition("=")
+    parts = [part.strip() for part in values.split(",")] if sep else []
+    if not queue.strip() or not parts or not parts[0] or len(parts) > 3:
+        raise ConfigError(
+            f"queue retention {text!r} must look like QUEUE=COMPLETED[,FAILED[,DLQ]]"
+        )
+    names = ("completed", "failed", "dlq")
+    kwargs = {
+        name: parse_duration(value, field=f"queue retention {queue.strip()}.{name}")
+        for name, value in zip(names, parts)
+        if value
+    }
+    return queue.strip(), RetentionPolicy(**kwargs)
+
+
+def _parse_switch(text: str, what: str) -> bool:
+    lowered = str(text).strip().lower()
+    if lowered in ("on", "true", "yes", "1"):
+        return True
+    if lowered in ("off", "false", "no", "0"):
+        return False
+    raise ConfigError(f"{what} must be on or off, not {text!r}")
+
+
+def parse_dlq_queue(text: str) -> tuple[str, bool]:
+    queue, sep, value = text.partition("=")
+    if not sep or not queue.strip():
+        raise ConfigError(f"dlq queue {text!r} must look like QUEUE=on|off")
+    return queue.strip(), _parse_switch(value, f"dlq queue {queue.strip()}")
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _settings_from_file(document: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Settings from the file's [maintenance] table (or its top level)."""
+    known = {field.name: field for field in dataclasses.fields(MaintenanceConfig)}
+    table = document.get("maintenance", {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{path}: [maintenance] must be a table")
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ConfigError(f"{path}: unknown setting {key!r} in [maintenance]")
+        values[name] = value
+    retention = document.get("queue_retention", {})
+    if not isinstance(retention, Mapping):
+        raise ConfigError(f"{path}: [queue_retention] must be a table of queues")
+    if retention:
+        overrides = {}
+        for queue, policy in retention.items():
+            if not isinstance(policy, Mapping):
+                raise ConfigError(f"{path}: [queue_retention.{queue}] must be a table")
+            try:
+                overrides[queue] = RetentionPolicy(**policy)
+            except TypeError as exc:
+                raise ConfigError(f"{path}: [queue_retention.{queue}]: {exc}") from None
+        values["queue_retention_overrides"] = overrides
+    if "dlq_policy" in document:
+        values["dlq_policy"] = document["dlq_policy"]
+    return values
+
+
+@dataclasses.dataclass
+class Invocation:
+    command: str
+    database_url: str
+    config: MaintenanceConfig
+    log_level: str
+    print_config: bool
+    disabled_branches: tuple[str, ...]
+    document: Mapping[str, Any]
+
+
+def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> Invocation:
+    """Merge flags, environment, file and defaults into one validated config."""
+    environ = os.environ if environ is None else environ
+    args = build_parser().parse_args(argv)
+
+    config_path = args.config or environ.get("AWA_CONFIG")
+    document = load_config_file(config_path) if config_path else {}
+    values = _settings_from_file(document, config_path) if document else {}
+
+    for field in dataclasses.fields(MaintenanceConfig):
+        if field.metadata["kind"] not in (INTERVAL, RETENTION, COUNT):
+            continue
+        from_flag = getattr(args, field.name)
+        from_env = environ.get(env_name(field.name))
+        if from_flag is not None:
+            values[field.name] = from_flag
+        elif from_env is not None:
+            values[field.name] = from_env
+
+    retention_specs = args.queue_retention
+    if retention_specs is None and environ.get("AWA_QUEUE_RETENTION"):
+        retention_specs = [s for s in environ["AWA_QUEUE_RETENTION"].split(";") if s.strip()]
+    if retention_specs:
+        overrides = dict(values.get("queue_retention_overrides", {}))
+        overrides.update(parse_queue_retention(spec) for spec in retention_specs)
+        values["queue_retention_overrides"] = overrides
+
+    dlq_specs = args.dlq_queue
+    if dlq_specs is None and environ.get("AWA_DLQ_QUEUES"):
+        dlq_specs = [s for s in re.split(r"[;,]", environ["AWA_DLQ_QUEUES"]) if s.strip()]
+    dlq_default = args.dlq_enabled_default or environ.get("AWA_DLQ_ENABLED_DEFAULT")
+    if dlq_specs or dlq_default is not None:
+        base = values.get("dlq_policy") or {}
+        if isinstance(base, DlqPolicy):
+            base = {"enabled_default": base.enabled_default, "overrides": dict(base.overrides)}
+        policy = {"enabled_default": base.get("enabled_default", False),
+                  "overrides": dict(base.get("overrides", {}))}
+        if dlq_default is not None:
+            policy["enabled_default"] = _parse_switch(dlq_default, "dlq enabled default")
+        policy["overrides"].update(parse_dlq_queue(spec) for spec in dlq_specs or ())
+        values["dlq_policy"] = policy
+
+    try:
+        config = MaintenanceConfig(**values)
+    except TypeError as exc:  # a wrongly typed value from the file
+        raise ConfigError(str(exc)) from None
+
+    database_url = (
+        args.database_url
+        or environ.get("AWA_DATABASE_URL")
+        or environ.get("DATABASE_URL")
+        or document.get("database_url")
+        or DEFAULT_DATABASE_URL
+    )
+    disabled = args.disable_branch
+    if disabled is None:
+        disabled = [s.strip() for s in environ.get("AWA_DISABLE_BRANCHES", "").split(",") if s.strip()]
+    log_level = (args.log_level or environ.get("AWA_LOG_LEVEL") or "INFO").upper()
+    if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigError(f"log level must be DEBUG, INFO, WARNING or ERROR, not {log_level!r}")
+    return Invocation(
+        command=args.command,
+        database_url=database_url,
+        config=config,
+        log_level=log_level,
+        print_config=args.print_config,
+        disabled_branches=tuple(disabled),
+        document=document,
+    )
+
+
+def config_as_json(config: MaintenanceConfig) -> str:
+    def encode(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, Mapping):
+            return {k: encode(v) for k, v in value.items()}
+        return value
+
+    return json.dumps(encode(config), indent=2, sort_keys=True)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+async def serve(service: MaintenanceService) -> None:
+    """Run until SIGINT or SIGTERM, then stop gracefully."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    log.info("received %s; releasing leadership and stopping",
+                             signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel(reason=f"{signal.Signals(signum).name} received")
+                    return
+
+            nursery.start_soon(stop_on_signal)
+            await service.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        invocation = resolve(argv)
+    except ConfigError as exc:
+        print(f"awa_trio: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    if invocation.print_config:
+        print(config_as_json(invocation.config))
+        return EXIT_OK
+
+    logging.basicConfig(
+        level=invocation.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    url = invocation.database_url
+    try:
+        if invocation.command == "migrate":
+            migrate(url)
+            print(f"awa schema installed in {redact(url)}")
+            return EXIT_OK
+        service = MaintenanceService(
+            url, invocation.config, disabled_branches=invocation.disabled_branches
+        )
+        trio.run(serve, service)
+        return EXIT_OK
+    except BaseExceptionGroup as group:
+        error = sole_exception(group)
+        if error is None:
+            raise
+        return _report(error, url)
+    except (AwaTrioError, DatabaseError) as exc:
+        return _report(exc, url)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - awa-pg's migrator raises its own types
+        if invocation.command == "migrate":
+            print(f"awa_trio: migration failed for {redact(url)}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        raise
+
+
+def _report(error: BaseException, url: str) -> int:
+    if isinstance(error, ConfigError):
+        print(f"awa_trio: invalid configuration: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(error, UnsupportedSchema):
+        print(f"awa_trio: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    if isinstance(error, DatabaseError):
+        print(f"awa_trio: cannot use database {redact(url)}: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    if isinstance(error, AwaTrioError):
+        print(f"awa_trio: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_OK
+    raise error

@@ -1,0 +1,34 @@
+"""What every branch body receives: the database and the leader's settings."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from .config import MaintenanceConfig
+from .db import Database
+from .metrics import MaintenanceMetrics
+from .schema import SchemaInfo
+
+if TYPE_CHECKING:
+    from .tracker_actor import TrackerClient
+
+
+@dataclasses.dataclass(frozen=True)
+class MaintenanceContext:
+    """Shared, read-only inputs of branch bodies (``run_once(ctx)``).
+
+    Tests build one over a test database and call a branch's ``run_once``
+    directly, without leadership or timers.
+    """
+
+    db: Database
+    config: MaintenanceConfig
+    metrics: MaintenanceMetrics
+    schema: SchemaInfo
+    #: Lifecycle hooks, follow-up jobs and in-flight cancellation (rescue side effects).
+    hooks: Any = None
+    #: Periodic jobs this process registers (cron).
+    periodic_jobs: tuple[Any, ...] = ()
+    #: The tracker actor of the current leadership term (None outside one).
+    tracker: TrackerClient | None = None

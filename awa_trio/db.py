@@ -1,0 +1,300 @@
+"""asyncpg, driven from Trio through trio-asyncio.
+
+This is the only module that touches asyncpg or asyncio. It owns one
+trio-asyncio loop and one asyncpg pool per :class:`Database`; every call
+crosses the bridge with ``loop.run_aio_coroutine``, so a Trio cancel scope
+that fires mid-query cancels the asyncio task, and asyncpg then sends a
+cancel request to the server (the query stops there too, not just here).
+
+Errors come out as :class:`DatabaseError` subclasses that keep the SQLSTATE.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import trio
+import trio_asyncio
+
+log = logging.getLogger(__name__)
+
+#: How long shielded cleanup (rollback, release, close) may take after a cancel.
+CLEANUP_TIMEOUT = 5.0
+DEFAULT_CONNECT_TIMEOUT = 10.0
+APPLICATION_NAME = "awa_trio"
+
+# SQLSTATEs that mean the session is gone rather than that a statement failed.
+_CONNECTION_SQLSTATES = {"57P01", "57P02", "57P03"}
+UNIQUE_VIOLATION = "23505"
+
+
+class DatabaseError(Exception):
+    """A database operation failed. ``sqlstate`` is the server's code when
+    the server reported one."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None, constraint: str | None = None):
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        self.constraint = constraint
+
+
+class ConnectionLost(DatabaseError):
+    """The connection is closed, reset, terminated, or could not be opened."""
+
+
+class QueryError(DatabaseError):
+    """The server rejected a statement (the session itself is still usable)."""
+
+
+class UniqueViolation(QueryError):
+    """SQLSTATE 23505: a unique constraint (or Awa's unique-claim check) refused a row."""
+
+
+def translate_error(exc: BaseException) -> DatabaseError | None:
+    """Map an asyncpg/OS error to our types; None for anything else."""
+    if isinstance(exc, DatabaseError):
+        return exc
+    if isinstance(exc, asyncpg.PostgresError):
+        sqlstate = getattr(exc, "sqlstate", None)
+        constraint = getattr(exc, "constraint_name", None)
+        message = str(exc) or type(exc).__name__
+        if sqlstate and (sqlstate.startswith("08") or sqlstate in _CONNECTION_SQLSTATES):
+            return ConnectionLost(message, sqlstate=sqlstate)
+        if sqlstate == UNIQUE_VIOLATION:
+            return UniqueViolation(message, sqlstate=sqlstate, constraint=constraint)
+        return QueryError(message, sqlstate=sqlstate, constraint=constraint)
+    if isinstance(exc, asyncpg.InterfaceError):
+        return ConnectionLost(str(exc) or type(exc).__name__)
+    if isinstance(exc, (OSError, TimeoutError, EOFError)):
+        return ConnectionLost(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    return None
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # jsonb/json as Python objects; arrays of jsonb (awa's errors column) follow.
+    for type_name in ("jsonb", "json"):
+        await conn.set_type_codec(
+            type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+
+
+class Connection:
+    """One asyncpg connection; every call crosses the bridge."""
+
+    def __init__(self, raw: asyncpg.Connection, loop: trio_asyncio.TrioEventLoop):
+        self._raw = raw
+        self._loop = loop
+
+    async def _call(self, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        return await _bridge(self._loop, func, *args, **kwargs)
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        return await self._call(self._raw.fetch, sql, *args)
+
+    async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
+        return await self._call(self._raw.fetchrow, sql, *args)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        return await self._call(self._raw.fetchval, sql, *args)
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        return await self._call(self._raw.execute, sql, *args)
+
+    @property
+    def backend_pid(self) -> int:
+        return self._raw.get_server_pid()
+
+    def is_closed(self) -> bool:
+        return self._raw.is_closed()
+
+    def on_termination(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (in Trio, soon after) when the connection closes
+        for any reason: server terminated it, socket reset, or close()."""
+        token = trio.lowlevel.current_trio_token()
+        self._raw.add_termination_listener(lambda _conn: token.run_sync_soon(callback))
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Connection]:
+        """Commit on success; roll back (shielded, bounded) on any error or cancel."""
+        tx = self._raw.transaction()
+        await self._call(tx.start)
+        try:
+            yield self
+        except BaseException:
+            with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
+                try:
+                    await self._call(tx.rollback)
+                except DatabaseError as exc:
+                    log.debug("rollback failed: %s", exc)
+            raise
+        else:
+            await self._call(tx.commit)
+
+    async def close(self) -> None:
+        """Close politely, bounded and shielded; terminate if that fails."""
+        with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
+            try:
+                await self._call(self._raw.close, timeout=CLEANUP_TIMEOUT)
+                return
+            except DatabaseError:
+                pass
+        self._raw.terminate()
+
+
+async def _bridge(
+    loop: trio_asyncio.TrioEventLoop, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
+) -> Any:
+    try:
+        return await loop.run_aio_coroutine(func(*args, **kwargs))
+    except (trio.Cancelled, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        translated = translate_error(exc)
+        if translated is None or translated is exc:
+            raise
+        raise translated from exc
+
+
+class Database:
+    """A pool of connections to one database, usable from any Trio task
+    inside :func:`open_database`."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        loop: trio_asyncio.TrioEventLoop,
+        dsn: str,
+        connect_kwargs: dict[str, Any],
+    ):
+        self._pool = pool
+        self._loop = loop
+        self.dsn = dsn
+        self._connect_kwargs = connect_kwargs
+
+    async def _call(self, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        return await _bridge(self._loop, func, *args, **kwargs)
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        return await self._call(self._pool.fetch, sql, *args)
+
+    async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
+        return await self._call(self._pool.fetchrow, sql, *args)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        return await self._call(self._pool.fetchval, sql, *args)
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        return await self._call(self._pool.execute, sql, *args)
+
+    @asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Connection]:
+        """Borrow a pooled connection for several statements."""
+        raw = await self._call(self._pool.acquire)
+        try:
+            yield Connection(raw, self._loop)
+        finally:
+            with trio.move_on_after(CLEANUP_TIMEOUT, shield=True) as scope:
+                try:
+                    await self._call(self._pool.release, raw)
+                except DatabaseError as exc:
+                    log.debug("release failed: %s", exc)
+                    raw.terminate()
+            if scope.cancelled_caught:
+                raw.terminate()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Connection]:
+        """A pooled connection inside one transaction."""
+        async with self.acquire() as conn, conn.transaction():
+            yield conn
+
+    async def connect_dedicated(self, *, application_name: str = APPLICATION_NAME) -> Connection:
+        """A connection outside the pool (the leader lock lives on one).
+        The caller must ``close()`` it."""
+        kwargs = dict(self._connect_kwargs)
+        settings = dict(kwargs.pop("server_settings", {}))
+        settings["application_name"] = application_name
+        raw = await self._call(asyncpg.connect, self.dsn, server_settings=settings, **kwargs)
+        try:
+            await self._call(_init_connection, raw)
+        except BaseException:
+            raw.terminate()
+            raise
+        return Connection(raw, self._loop)
+
+
+@asynccontextmanager
+async def open_database(
+    dsn: str,
+    *,
+    pool_size: int = 8,
+    lock_timeout: float | None = None,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    application_name: str = APPLICATION_NAME,
+) -> AsyncIterator[Database]:
+    """Open the trio-asyncio loop and an asyncpg pool; close both on exit.
+
+    Raises :class:`ConnectionLost` for an unreachable server and
+    :class:`QueryError` for a server that refuses us (bad database, role).
+    A malformed DSN raises :class:`ConnectionLost` too, with asyncpg's reason.
+    """
+    settings = {"application_name": application_name}
+    if lock_timeout is not None:
+        settings["lock_timeout"] = f"{int(lock_timeout * 1000)}ms"
+    connect_kwargs: dict[str, Any] = {"timeout": connect_timeout, "server_settings": settings}
+    try:
+        async with _open_database(dsn, pool_size, connect_kwargs) as database:
+            yield database
+    except BaseExceptionGroup as group:
+        # trio-asyncio's loop runs in a nursery of its own, which wraps whatever
+        # the body raised; that nursery is our implementation detail, so a
+        # lone exception leaves here unwrapped.
+        sole = sole_exception(group)
+        if sole is None:
+            raise
+        raise sole from sole.__cause__
+
+
+def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
+    """The only leaf of a (possibly nested) exception group, or None."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        if len(exc.exceptions) != 1:
+            return None
+        exc = exc.exceptions[0]
+    return exc
+
+
+@asynccontextmanager
+async def _open_database(
+    dsn: str, pool_size: int, connect_kwargs: dict[str, Any]
+) -> AsyncIterator[Database]:
+    async with trio_asyncio.open_loop() as loop:
+        try:
+            pool = await _bridge(
+                loop,
+                asyncpg.create_pool,
+                dsn,
+                min_size=1,
+                max_size=pool_size,
+                init=_init_connection,
+                **connect_kwargs,
+            )
+        except (ValueError, asyncpg.ClientConfigurationError) as exc:
+            # asyncpg's DSN parser reports malformed URLs as ValueError.
+            raise ConnectionLost(f"invalid database URL: {exc}") from exc
+        try:
+            yield Database(pool, loop, dsn, connect_kwargs)
+        finally:
+            with trio.move_on_after(CLEANUP_TIMEOUT, shield=True) as scope:
+                try:
+                    await _bridge(loop, pool.close)
+                except DatabaseError as exc:
+                    log.debug("pool close failed: %s", exc)
+            if scope.cancelled_caught:
+                pool.terminate()

@@ -1,0 +1,200 @@
+"""Leader election on Awa's advisory lock.
+
+::
+
+        +----------+  pg_try_advisory_lock = true   +--------+
+        | follower | -----------------------------> | leader |
+        +----------+                                 +--------+
+          ^   |  false / error:                        |  |
+          |   |  sleep leader_election_interval        |  | lock connection closed or
+          |   +--------------<-------------------------+  | check failed: cancel the
+          |                                               | leader scope, retry at once
+          +------ a branch kept crashing: release the ----+
+                  lock, stay out 2 election intervals
+
+The lock is session-level, held on a dedicated (non-pooled) connection, with
+the key every Awa runtime uses, so a mixed fleet elects exactly one leader.
+Everything that needs the lock runs inside the leader scope; losing the lock
+cancels that scope, so no branch body ever starts after the loss is known.
+The connection is watched two ways: a termination listener (server killed
+the backend, socket reset) fires at once; a ``pg_locks`` query every
+``leader_check_interval`` catches a silent network loss.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from .config import MaintenanceConfig
+from .db import Connection, Database, DatabaseError, sole_exception
+from .errors import LeadershipAbandoned
+
+log = logging.getLogger(__name__)
+
+#: "AWA_MAIN": the key of every Awa runtime's maintenance leader lock.
+LOCK_KEY = 4708303813012965710
+LOCK_APPLICATION_NAME = "awa_trio leader lock"
+#: Upper bound for unlocking and closing the lock connection on the way out.
+RELEASE_TIMEOUT = 5.0
+#: Upper bound for one lock check; a hung check counts as a lost lock.
+MAX_CHECK_TIMEOUT = 10.0
+#: After giving up leadership on purpose, stay out this many election intervals.
+ABANDON_PENALTY_INTERVALS = 2
+
+TRY_LOCK_SQL = "SELECT pg_try_advisory_lock($1)"
+UNLOCK_SQL = "SELECT pg_advisory_unlock($1)"
+# A bigint advisory key shows in pg_locks as classid = high 32 bits,
+# objid = low 32 bits, objsubid = 1.
+HOLDS_LOCK_SQL = """
+    SELECT EXISTS (
+        SELECT 1
+        FROM pg_locks
+        WHERE locktype = 'advisory'
+          AND pid = pg_backend_pid()
+          AND granted
+          AND classid::bigint = ($1::bigint >> 32)
+          AND objid::bigint = ($1::bigint & 4294967295)
+          AND objsubid = 1
+    )
+"""
+
+
+class TermOutcome(enum.Enum):
+    LOST = "lost"
+    ABANDONED = "abandoned"
+
+
+class LeadershipState:
+    """Readable by the embedding application; waitable without polling."""
+
+    def __init__(self) -> None:
+        self.is_leader = False
+        self.is_alive = False
+        #: Backend pid of the lock connection while leading (None otherwise).
+        self.lock_backend_pid: int | None = None
+        self._changed = trio.Event()
+
+    def set_leader(self, value: bool) -> None:
+        if value != self.is_leader:
+            self.is_leader = value
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def wait_for_change(self) -> bool:
+        """Wait for the next leadership change; returns the new value."""
+        await self._changed.wait()
+        return self.is_leader
+
+    async def wait_until(self, leader: bool) -> None:
+        while self.is_leader != leader:
+            await self.wait_for_change()
+
+
+class LeaderElector:
+    """Follower/leader loop. ``lead`` is started in the leader scope with
+    ``nursery.start`` and must run until cancelled."""
+
+    def __init__(
+        self,
+        db: Database,
+        config: MaintenanceConfig,
+        state: LeadershipState,
+        lead: Callable[..., Awaitable[None]],
+    ):
+        self._db = db
+        self._config = config
+        self._state = state
+        self._lead = lead
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        candidate: Connection | None = None
+        try:
+            while True:
+                candidate, acquired = await self._try_acquire(candidate)
+                if not acquired:
+                    await trio.sleep(self._config.leader_election_interval)
+                    continue
+                lock, candidate = candidate, None
+                outcome = await self._hold(lock)
+                if outcome is TermOutcome.ABANDONED:
+                    await trio.sleep(ABANDON_PENALTY_INTERVALS * self._config.leader_election_interval)
+        finally:
+            if candidate is not None:
+                await candidate.close()
+
+    async def _try_acquire(self, conn: Connection | None) -> tuple[Connection | None, bool]:
+        """One election attempt on a dedicated connection, reused between a
+        follower's attempts. Returns the connection (None after an error) and
+        whether it now holds the lock."""
+        try:
+            if conn is None or conn.is_closed():
+                conn = await self._db.connect_dedicated(application_name=LOCK_APPLICATION_NAME)
+            acquired = bool(await conn.fetchval(TRY_LOCK_SQL, LOCK_KEY))
+        except DatabaseError as exc:
+            log.warning("leader election attempt failed: %s", exc)
+            if conn is not None:
+                await conn.close()
+            return None, False
+        return conn, acquired
+
+    async def _hold(self, lock: Connection) -> TermOutcome:
+        """Lead until the lock is lost or a branch gives up; always release."""
+        lost = trio.Event()
+        lock.on_termination(lost.set)
+        outcome = TermOutcome.LOST
+        self._state.lock_backend_pid = lock.backend_pid
+        self._state.set_leader(True)
+        log.info("elected maintenance leader (lock backend pid %d)", lock.backend_pid)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_lock, lock, lost, nursery.cancel_scope)
+                await nursery.start(self._lead)
+        except BaseExceptionGroup as group:
+            abandoned, rest = group.split(LeadershipAbandoned)
+            if rest is not None:
+                raise
+            log.error("giving up leadership: %s", sole_exception(abandoned) or abandoned)
+            outcome = TermOutcome.ABANDONED
+        finally:
+            self._state.set_leader(False)
+            self._state.lock_backend_pid = None
+            await self._release(lock)
+        return outcome
+
+    async def _watch_lock(self, lock: Connection, lost: trio.Event, leader_scope: trio.CancelScope) -> None:
+        interval = self._config.leader_check_interval
+        check_timeout = min(interval, MAX_CHECK_TIMEOUT)
+        while True:
+            with trio.move_on_after(interval):
+                await lost.wait()
+            if lost.is_set():
+                reason = "lock connection closed"
+                break
+            try:
+                with trio.fail_after(check_timeout):
+                    held = await lock.fetchval(HOLDS_LOCK_SQL, LOCK_KEY)
+            except (DatabaseError, trio.TooSlowError) as exc:
+                reason = f"lock check failed: {exc or type(exc).__name__}"
+                break
+            if not held:
+                reason = "advisory lock no longer held by this session"
+                break
+        self._state.set_leader(False)
+        log.warning("lost maintenance leadership: %s", reason)
+        leader_scope.cancel(reason=f"advisory lock lost: {reason}")
+
+    async def _release(self, lock: Connection) -> None:
+        """Unlock on the same connection and close it, shielded and bounded."""
+        with trio.move_on_after(RELEASE_TIMEOUT, shield=True):
+            if not lock.is_closed():
+                try:
+                    await lock.fetchval(UNLOCK_SQL, LOCK_KEY)
+                    log.info("released maintenance leader lock")
+                except DatabaseError as exc:
+                    log.debug("unlock failed (closing the connection releases it): %s", exc)
+        await lock.close()

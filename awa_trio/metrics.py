@@ -1,0 +1,93 @@
+"""OpenTelemetry instruments, with upstream Awa's names, units and attributes
+so existing Awa dashboards keep working.
+
+Uses the global meter provider unless one is passed in (tests pass an SDK
+provider with an in-memory reader).
+"""
+
+from __future__ import annotations
+
+from opentelemetry import metrics as otel_metrics
+
+METER_NAME = "awa"
+
+# Metric names (awa-metrics v0.6.1 `names`).
+MAINTENANCE_RESCUES = "awa.maintenance.rescues"
+MAINTENANCE_PROMOTE_BATCHES = "awa.maintenance.promote_batches"
+MAINTENANCE_PROMOTE_BATCH_SIZE = "awa.maintenance.promote_batch_size"
+MAINTENANCE_PROMOTE_DURATION = "awa.maintenance.promote_duration"
+MAINTENANCE_BRANCH_DURATION = "awa.maintenance.branch.duration"
+MAINTENANCE_BRANCH_OVERRUN = "awa.maintenance.branch.overrun"
+QUEUE_DEPTH = "awa.queue.depth"
+QUEUE_LAG = "awa.queue.lag"
+
+# Attribute keys.
+ATTR_BRANCH = "awa.maintenance.branch"
+ATTR_RESCUE_KIND = "awa.rescue.kind"
+ATTR_JOB_STATE = "awa.job.state"
+ATTR_JOB_QUEUE = "awa.job.queue"
+
+DURATION_BUCKETS_SECONDS = (
+    0.001, 0.005, 0.010, 0.025, 0.050, 0.100, 0.250, 0.500, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+
+
+class MaintenanceMetrics:
+    """Every instrument the maintenance leader records."""
+
+    def __init__(self, meter_provider: otel_metrics.MeterProvider | None = None):
+        meter = otel_metrics.get_meter(METER_NAME, meter_provider=meter_provider)
+        self.rescues = meter.create_counter(
+            MAINTENANCE_RESCUES, unit="{job}", description="Number of jobs rescued by maintenance"
+        )
+        self.promote_batches = meter.create_counter(
+            MAINTENANCE_PROMOTE_BATCHES,
+            unit="{batch}",
+            description="Number of scheduled/retryable promotion batches",
+        )
+        self.promote_batch_size = meter.create_histogram(
+            MAINTENANCE_PROMOTE_BATCH_SIZE, unit="{job}", description="Promotion batch size"
+        )
+        self.promote_duration = meter.create_histogram(
+            MAINTENANCE_PROMOTE_DURATION, unit="s", description="Promotion batch duration"
+        )
+        self.branch_duration = meter.create_histogram(
+            MAINTENANCE_BRANCH_DURATION,
+            unit="s",
+            description="Per-branch wall-clock duration of a maintenance branch body",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_SECONDS,
+        )
+        self.branch_overrun = meter.create_counter(
+            MAINTENANCE_BRANCH_OVERRUN,
+            unit="{episode}",
+            description="Maintenance branch overrun episodes: a branch fired after its "
+            "previous run exceeded its tick interval",
+        )
+        self.queue_depth = meter.create_gauge(
+            QUEUE_DEPTH, unit="{job}", description="Current number of jobs per queue and state"
+        )
+        self.queue_lag = meter.create_gauge(
+            QUEUE_LAG, unit="s", description="Age of the oldest available job per queue"
+        )
+
+    def record_branch_duration(self, branch: str, seconds: float) -> None:
+        self.branch_duration.record(seconds, {ATTR_BRANCH: branch})
+
+    def record_branch_overrun(self, branch: str) -> None:
+        self.branch_overrun.add(1, {ATTR_BRANCH: branch})
+
+    def record_promotion_batch(self, state: str, batch_size: int, seconds: float) -> None:
+        attributes = {ATTR_JOB_STATE: state}
+        self.promote_batches.add(1, attributes)
+        self.promote_batch_size.record(batch_size, attributes)
+        self.promote_duration.record(seconds, attributes)
+
+    def record_rescues(self, kind: str, count: int) -> None:
+        if count:
+            self.rescues.add(count, {ATTR_RESCUE_KIND: kind})
+
+    def record_queue_depth(self, queue: str, state: str, count: int) -> None:
+        self.queue_depth.set(count, {ATTR_JOB_QUEUE: queue, ATTR_JOB_STATE: state})
+
+    def record_queue_lag(self, queue: str, seconds: float) -> None:
+        self.queue_lag.set(seconds, {ATTR_JOB_QUEUE: queue})

@@ -1,0 +1,142 @@
+"""MaintenanceService: the public entry point, for the CLI and for embedding.
+
+Embedding in a Trio application::
+
+    service = MaintenanceService(database_url, MaintenanceConfig(...))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)   # returns once the schema is checked
+        ...
+        await service.wait_until_leader()  # optional
+        service.stop()                     # graceful: releases the lock
+
+``run`` opens the database, refuses an unsupported schema with one
+:class:`~awa_trio.errors.UnsupportedSchema` line, then takes part in leader
+election until stopped or cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import trio
+from opentelemetry.metrics import MeterProvider
+
+from .branch import BranchSpec
+from .branches.registry import default_branches
+from .config import MaintenanceConfig
+from .context import MaintenanceContext
+from .db import open_database
+from .errors import ConfigError
+from .leadership import LeaderElector, LeadershipState
+from .metrics import MaintenanceMetrics
+from .schema import SchemaInfo, check_schema
+from .supervisor import run_leader_term
+
+log = logging.getLogger(__name__)
+
+BranchFactory = Callable[[MaintenanceConfig, SchemaInfo], Sequence[BranchSpec]]
+
+
+class MaintenanceService:
+    """A maintenance leader candidate for one Awa database."""
+
+    def __init__(
+        self,
+        database_url: str,
+        config: MaintenanceConfig | None = None,
+        *,
+        meter_provider: MeterProvider | None = None,
+        extra_branches: Sequence[BranchSpec] = (),
+        disabled_branches: Sequence[str] = (),
+        branch_factory: BranchFactory = default_branches,
+    ):
+        self.database_url = database_url
+        self.config = config or MaintenanceConfig()
+        self.metrics = MaintenanceMetrics(meter_provider)
+        self._extra_branches = tuple(extra_branches)
+        self._disabled_branches = frozenset(disabled_branches)
+        self._branch_factory = branch_factory
+        self._state = LeadershipState()
+        self._scope: trio.CancelScope | None = None
+        #: Filled in by run() once the schema has been checked.
+        self.schema: SchemaInfo | None = None
+        self.branches: tuple[BranchSpec, ...] = ()
+
+    # -- state the embedding application can read --------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self._state.is_leader
+
+    @property
+    def is_alive(self) -> bool:
+        return self._state.is_alive
+
+    @property
+    def lock_backend_pid(self) -> int | None:
+        """pid of the backend holding the leader lock while leading."""
+        return self._state.lock_backend_pid
+
+    async def wait_for_leadership_change(self) -> bool:
+        """Wait for the next change; returns True if now leading."""
+        return await self._state.wait_for_change()
+
+    async def wait_until_leader(self) -> None:
+        await self._state.wait_until(True)
+
+    async def wait_until_follower(self) -> None:
+        await self._state.wait_until(False)
+
+    def stop(self) -> None:
+        """Ask run() to return: branches are cancelled, the lock released."""
+        if self._scope is not None:
+            self._scope.cancel(reason="maintenance service stopped")
+
+    # -- the service ---------------------------------------------------------
+
+    def _select_branches(self, schema: SchemaInfo) -> tuple[BranchSpec, ...]:
+        branches = list(self._branch_factory(self.config, schema)) + list(self._extra_branches)
+        known = {spec.name for spec in branches}
+        unknown = sorted(self._disabled_branches - known)
+        if unknown:
+            raise ConfigError(
+                f"disabled_branches names unknown branches: {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        return tuple(spec for spec in branches if spec.name not in self._disabled_branches)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until stop() or cancellation. Startup errors (bad URL,
+        unreachable server, unsupported schema) are raised before
+        ``task_status.started()``."""
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            async with open_database(
+                self.database_url,
+                pool_size=self.config.pool_size,
+                lock_timeout=self.config.lock_timeout,
+            ) as db:
+                self.schema = await check_schema(db)
+                self.branches = self._select_branches(self.schema)
+                log.info(
+                    "awa schema version %d, storage engine %s",
+                    self.schema.version, self.schema.engine,
+                )
+                ctx = MaintenanceContext(
+                    db=db, config=self.config, metrics=self.metrics, schema=self.schema
+                )
+
+                async def lead(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                    await run_leader_term(ctx, self.branches, task_status=task_status)
+
+                elector = LeaderElector(db, self.config, self._state, lead)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(elector.run)
+                        self._state.is_alive = True
+                        task_status.started(self)
+                finally:
+                    self._state.is_alive = False
+                    self._state.set_leader(False)
+        self._scope = None

@@ -1,0 +1,133 @@
+"""The tracker actor: the one owner of overrun and prune-backoff state.
+
+Branch actors never share mutable state; they ask this actor, over a memory
+channel, whether to run this tick, tell it how long the body took, and (queue
+storage) whether to skip a prune and how the prune went. Requests that need
+an answer carry a one-shot reply channel. The state machines themselves live
+in :mod:`awa_trio.tracker`; this module adds the channel, logs and metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import trio
+
+from .metrics import MaintenanceMetrics
+from .tracker import (
+    OverrunTracker,
+    PruneBackoffTracker,
+    PruneOutcome,
+    TickDecision,
+    Transition,
+)
+
+log = logging.getLogger(__name__)
+
+#: Requests waiting for the tracker; each branch has at most one in flight.
+REQUEST_BUFFER = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class _BeginTick:
+    branch: str
+    interval: float
+    cooldown: bool
+    reply: trio.MemorySendChannel
+
+
+@dataclasses.dataclass(frozen=True)
+class _FinishTick:
+    branch: str
+    duration: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _PruneGate:
+    branch: str
+    reply: trio.MemorySendChannel
+
+
+@dataclasses.dataclass(frozen=True)
+class _PruneReport:
+    branch: str
+    outcome: PruneOutcome
+
+
+class TrackerClient:
+    """What a branch actor holds: a way to talk to the tracker actor."""
+
+    def __init__(self, send_channel: trio.MemorySendChannel):
+        self._send = send_channel
+
+    async def _ask(self, make_request):
+        reply_send, reply_receive = trio.open_memory_channel(1)
+        async with reply_receive:
+            await self._send.send(make_request(reply_send))
+            return await reply_receive.receive()
+
+    async def begin_tick(self, branch: str, interval: float, *, cooldown: bool = True) -> TickDecision:
+        return await self._ask(lambda reply: _BeginTick(branch, interval, cooldown, reply))
+
+    async def finish_tick(self, branch: str, duration: float) -> None:
+        await self._send.send(_FinishTick(branch, duration))
+
+    async def should_skip_prune(self, branch: str) -> bool:
+        return await self._ask(lambda reply: _PruneGate(branch, reply))
+
+    async def report_prune(self, branch: str, outcome: PruneOutcome) -> None:
+        await self._send.send(_PruneReport(branch, outcome))
+
+
+async def run_tracker(
+    metrics: MaintenanceMetrics, *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve tracker requests until cancelled. State starts empty, so every
+    leadership term begins without inherited backoff or cooldown."""
+    overrun = OverrunTracker()
+    prune = PruneBackoffTracker()
+    send, receive = trio.open_memory_channel(REQUEST_BUFFER)
+    async with send, receive:
+        task_status.started(TrackerClient(send))
+        async for request in receive:
+            if isinstance(request, _BeginTick):
+                decision = overrun.begin(request.branch, request.interval, cooldown=request.cooldown)
+                _report_transition(metrics, request.branch, request.interval, decision)
+                request.reply.send_nowait(decision)
+            elif isinstance(request, _FinishTick):
+                metrics.record_branch_duration(request.branch, request.duration)
+                overrun.finish(request.branch, request.duration)
+            elif isinstance(request, _PruneGate):
+                skip = prune.should_skip(request.branch)
+                if skip:
+                    log.debug("%s: prune backed off this tick", request.branch)
+                request.reply.send_nowait(skip)
+            elif isinstance(request, _PruneReport):
+                prune.record_outcome(request.branch, request.outcome)
+            else:  # pragma: no cover - programming error
+                raise TypeError(f"unknown tracker request {request!r}")
+
+
+def _report_transition(
+    metrics: MaintenanceMetrics, branch: str, interval: float, decision: TickDecision
+) -> None:
+    if decision.transition is Transition.BECAME_DELAYED:
+        metrics.record_branch_overrun(branch)
+        log.warning(
+            "%s: maintenance branch overran its tick interval "
+            "(last body %.3fs, interval %.3fs, %d consecutive overruns); "
+            "skipping the next %d ticks",
+            branch,
+            decision.sample,
+            interval,
+            decision.consecutive_overrun,
+            decision.cooldown_ticks,
+        )
+    elif decision.transition is Transition.RECOVERED:
+        log.warning(
+            "%s: maintenance branch recovered to on-time (last body %.3fs, interval %.3fs)",
+            branch,
+            decision.sample,
+            interval,
+        )

@@ -1,0 +1,113 @@
+"""Test databases: awa's schema is migrated once per session (by awa-pg 0.6.1's
+own migrator) into a template; each test gets a fresh copy and drops it."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import uuid
+
+import asyncpg
+import pytest
+import trio
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from awa_trio.db import open_database
+
+SERVER_DSN = os.environ.get("AWA_TRIO_TEST_SERVER", "postgresql://postgres@localhost:5432")
+ADMIN_DSN = f"{SERVER_DSN}/postgres"
+
+
+def dsn_for(database: str) -> str:
+    return f"{SERVER_DSN}/{database}"
+
+
+def _admin(sql: str) -> None:
+    async def run() -> None:
+        conn = await asyncpg.connect(ADMIN_DSN)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+def _drop(database: str) -> None:
+    _admin(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def awa_template() -> str:
+    """A database holding a freshly migrated awa schema, copied per test."""
+    import awa
+
+    name = f"awa_trio_tpl_{os.getpid()}"
+    _drop(name)
+    _admin(f'CREATE DATABASE "{name}"')
+    client = awa.Client(dsn_for(name))
+    client.migrate()
+    del client
+    gc.collect()
+    # CREATE DATABASE ... TEMPLATE needs the template to have no sessions.
+    _admin(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+    )
+    yield name
+    _drop(name)
+
+
+@pytest.fixture
+def database_url(awa_template: str) -> str:
+    """DSN of a fresh, migrated, canonical database for one test."""
+    name = f"awa_trio_t_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    _admin(f'CREATE DATABASE "{name}" TEMPLATE "{awa_template}"')
+    yield dsn_for(name)
+    _drop(name)
+
+
+@pytest.fixture
+def empty_database_url() -> str:
+    """DSN of a fresh database with no awa schema at all."""
+    name = f"awa_trio_e_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    _admin(f'CREATE DATABASE "{name}"')
+    yield dsn_for(name)
+    _drop(name)
+
+
+@pytest.fixture
+async def db(database_url):
+    """Our own bridge on the test database, for arranging and inspecting rows."""
+    async with open_database(database_url) as database:
+        yield database
+
+
+@pytest.fixture
+def metric_reader() -> InMemoryMetricReader:
+    return InMemoryMetricReader()
+
+
+@pytest.fixture
+def meter_provider(metric_reader) -> MeterProvider:
+    provider = MeterProvider(metric_readers=[metric_reader])
+    yield provider
+    provider.shutdown()
+
+
+@pytest.fixture
+def awa_client(database_url):
+    """awa-pg's synchronous client (its asyncio API cannot run under Trio);
+    call it through ``trio.to_thread.run_sync``."""
+    import awa
+
+    client = awa.Client(database_url)
+    yield client
+    del client
+    gc.collect()
+
+
+async def in_thread(fn, *args, **kwargs):
+    return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
