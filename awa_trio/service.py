@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import trio
 from opentelemetry.metrics import MeterProvider
@@ -47,6 +48,8 @@ class MaintenanceService:
         config: MaintenanceConfig | None = None,
         *,
         meter_provider: MeterProvider | None = None,
+        hooks: Any = None,
+        periodic_jobs: Sequence[Any] = (),
         extra_branches: Sequence[BranchSpec] = (),
         disabled_branches: Sequence[str] = (),
         branch_factory: BranchFactory = default_branches,
@@ -54,6 +57,10 @@ class MaintenanceService:
         self.database_url = database_url
         self.config = config or MaintenanceConfig()
         self.metrics = MaintenanceMetrics(meter_provider)
+        #: Rescue side effects (awa_trio.hooks.Hooks); its dispatcher actor runs
+        #: in the service's nursery so handlers outlive leadership changes.
+        self.hooks = hooks
+        self.periodic_jobs = tuple(periodic_jobs)
         self._extra_branches = tuple(extra_branches)
         self._disabled_branches = frozenset(disabled_branches)
         self._branch_factory = branch_factory
@@ -124,7 +131,12 @@ class MaintenanceService:
                     self.schema.version, self.schema.engine,
                 )
                 ctx = MaintenanceContext(
-                    db=db, config=self.config, metrics=self.metrics, schema=self.schema
+                    db=db,
+                    config=self.config,
+                    metrics=self.metrics,
+                    schema=self.schema,
+                    hooks=self.hooks,
+                    periodic_jobs=self.periodic_jobs,
                 )
 
                 async def lead(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -133,6 +145,8 @@ class MaintenanceService:
                 elector = LeaderElector(db, self.config, self._state, lead)
                 try:
                     async with trio.open_nursery() as nursery:
+                        if self.hooks is not None:
+                            await nursery.start(self.hooks.run, self.config)
                         await nursery.start(elector.run)
                         self._state.is_alive = True
                         task_status.started(self)
