@@ -1,0 +1,80 @@
+"""A real awa-pg 0.6.1 runtime in its own process (asyncio), for tests.
+
+Usage: python awa_pg_worker.py DSN --kind K[:QUEUE] ... [--behaviour B] [options]
+
+Registers one handler per kind. Behaviours: ``complete`` (return at once),
+``hang`` (sleep forever: for kill -9 tests), ``fail`` (raise, so the job goes
+retryable), ``hang-first`` (hang on attempt 1, complete on later attempts).
+Prints ``READY`` once started, ``START <id> <attempt> <kind>`` when a handler
+begins and ``DONE <id> <attempt> <kind>`` when it completes, flushed at once.
+SIGTERM shuts the runtime down gracefully.
+"""
+
+import argparse
+import asyncio
+import signal
+import sys
+
+import awa
+
+
+def say(*words):
+    print(*words, flush=True)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dsn")
+    parser.add_argument("--kind", action="append", required=True, help="KIND or KIND:QUEUE")
+    parser.add_argument("--behaviour", default="complete",
+                        choices=("complete", "hang", "fail", "hang-first"))
+    parser.add_argument("--role", default="canonical_drain")
+    parser.add_argument("--leader-election-interval-ms", type=int, default=10_000)
+    parser.add_argument("--heartbeat-interval-ms", type=int, default=None)
+    parser.add_argument("--mute-maintenance", action="store_true",
+                        help="huge rescue/promote intervals, should this runtime ever lead")
+    args = parser.parse_args()
+
+    client = awa.AsyncClient(args.dsn)
+    queues = {}
+    for spec in args.kind:
+        kind, _, queue = spec.partition(":")
+        queue = queue or "default"
+        queues[queue] = 4
+
+        @client.task(dict, kind=kind, queue=queue)
+        async def handle(job, _kind=kind):
+            say("START", job.id, job.attempt, _kind)
+            if args.behaviour == "hang" or (args.behaviour == "hang-first" and job.attempt == 1):
+                await asyncio.Event().wait()
+            if args.behaviour == "fail":
+                raise RuntimeError("worker asked to fail")
+            say("DONE", job.id, job.attempt, _kind)
+
+    start_kwargs = dict(
+        storage_transition_role=args.role,
+        leader_election_interval_ms=args.leader_election_interval_ms,
+        poll_interval_ms=50,
+    )
+    if args.heartbeat_interval_ms:
+        start_kwargs["heartbeat_interval_ms"] = args.heartbeat_interval_ms
+    if args.mute_maintenance:
+        muted = 10**10
+        start_kwargs.update(
+            promote_interval_ms=muted,
+            heartbeat_rescue_interval_ms=muted,
+            deadline_rescue_interval_ms=muted,
+            callback_rescue_interval_ms=muted,
+        )
+    await client.start([{"name": q, "max_workers": n} for q, n in queues.items()], **start_kwargs)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    say("READY")
+    await stop.wait()
+    await client.shutdown(timeout_ms=2000)
+    say("STOPPED")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.exit(0)

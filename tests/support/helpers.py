@@ -1,0 +1,36 @@
+"""Small observation helpers shared by tests."""
+
+from __future__ import annotations
+
+from awa_trio.leadership import LOCK_KEY
+
+# Advisory locks are per database; pg_locks shows the whole cluster.
+LOCK_HOLDERS_SQL = """
+    SELECT pid
+    FROM pg_locks
+    WHERE locktype = 'advisory'
+      AND granted
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND (classid::bigint << 32 | objid::bigint) = $1
+      AND objsubid = 1
+"""
+
+
+async def leader_lock_holders(db) -> list[int]:
+    """Backend pids holding Awa's leader lock in the test database."""
+    return [row["pid"] for row in await db.fetch(LOCK_HOLDERS_SQL, LOCK_KEY)]
+
+
+def metric_points(reader, name: str) -> list[tuple[dict, object]]:
+    """(attributes, point) pairs of one metric from an InMemoryMetricReader."""
+    data = reader.get_metrics_data()
+    points = []
+    if data is None:
+        return points
+    for resource_metrics in data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.name == name:
+                    for point in metric.data.data_points:
+                        points.append((dict(point.attributes), point))
+    return points
