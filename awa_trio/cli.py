@@ -62,9 +62,17 @@ def _default_text(field: dataclasses.Field) -> str:
     return str(default)
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Usage mistakes get one line, like every other bad input."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"awa_trio: invalid configuration: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="python -m awa_trio",
+        allow_abbrev=False,
         description="Trio-native maintenance leader for the Awa job queue.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(

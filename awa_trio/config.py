@@ -89,8 +89,11 @@ def parse_duration(value: Any, *, field: str = "duration") -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """Shortest exact spelling of a duration, for ``--help`` and logs."""
-    for unit, size in (("d", DAY), ("h", HOUR), ("m", MINUTE), ("s", SECOND)):
+    """Exact, readable spelling of a duration for ``--help`` and logs
+    (days only from a week up, so 24h and 72h read as operators say them)."""
+    if seconds >= 7 * DAY and seconds % DAY == 0:
+        return f"{int(seconds // DAY)}d"
+    for unit, size in (("h", HOUR), ("m", MINUTE), ("s", SECOND)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     if seconds < 1 and round(seconds * 1000, 6) == int(round(seconds * 1000)):

@@ -23,6 +23,7 @@ the backend, socket reset) fires at once; a ``pg_locks`` query every
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 from collections.abc import Awaitable, Callable
@@ -44,6 +45,7 @@ RELEASE_TIMEOUT = 5.0
 MAX_CHECK_TIMEOUT = 10.0
 #: After giving up leadership on purpose, stay out this many election intervals.
 ABANDON_PENALTY_INTERVALS = 2
+HISTORY_LENGTH = 100
 
 TRY_LOCK_SQL = "SELECT pg_try_advisory_lock($1)"
 UNLOCK_SQL = "SELECT pg_advisory_unlock($1)"
@@ -76,11 +78,14 @@ class LeadershipState:
         self.is_alive = False
         #: Backend pid of the lock connection while leading (None otherwise).
         self.lock_backend_pid: int | None = None
+        #: Recent (trio time, is_leader) changes, newest last; for diagnostics and tests.
+        self.history: collections.deque[tuple[float, bool]] = collections.deque(maxlen=HISTORY_LENGTH)
         self._changed = trio.Event()
 
     def set_leader(self, value: bool) -> None:
         if value != self.is_leader:
             self.is_leader = value
+            self.history.append((trio.current_time(), value))
             self._changed.set()
             self._changed = trio.Event()
 
@@ -109,6 +114,8 @@ class LeaderElector:
         self._config = config
         self._state = state
         self._lead = lead
+        #: The connection holding the lock while leading (diagnostics, tests).
+        self.lock_connection: Connection | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -148,6 +155,7 @@ class LeaderElector:
         lock.on_termination(lost.set)
         outcome = TermOutcome.LOST
         self._state.lock_backend_pid = lock.backend_pid
+        self.lock_connection = lock
         self._state.set_leader(True)
         log.info("elected maintenance leader (lock backend pid %d)", lock.backend_pid)
         try:
@@ -163,6 +171,7 @@ class LeaderElector:
         finally:
             self._state.set_leader(False)
             self._state.lock_backend_pid = None
+            self.lock_connection = None
             await self._release(lock)
         return outcome
 

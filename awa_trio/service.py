@@ -27,8 +27,8 @@ from .branch import BranchSpec
 from .branches.registry import default_branches
 from .config import MaintenanceConfig
 from .context import MaintenanceContext
-from .db import open_database
-from .errors import ConfigError
+from .db import DatabaseError, open_database, sole_exception
+from .errors import AwaTrioError, ConfigError
 from .leadership import LeaderElector, LeadershipState
 from .metrics import MaintenanceMetrics
 from .schema import SchemaInfo, check_schema
@@ -66,6 +66,7 @@ class MaintenanceService:
         self._branch_factory = branch_factory
         self._state = LeadershipState()
         self._scope: trio.CancelScope | None = None
+        self._elector: LeaderElector | None = None
         #: Filled in by run() once the schema has been checked.
         self.schema: SchemaInfo | None = None
         self.branches: tuple[BranchSpec, ...] = ()
@@ -79,6 +80,11 @@ class MaintenanceService:
     @property
     def is_alive(self) -> bool:
         return self._state.is_alive
+
+    @property
+    def leadership_history(self) -> list[tuple[float, bool]]:
+        """Recent leadership changes as (trio.current_time(), is_leader)."""
+        return list(self._state.history)
 
     @property
     def lock_backend_pid(self) -> int | None:
@@ -116,7 +122,18 @@ class MaintenanceService:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until stop() or cancellation. Startup errors (bad URL,
         unreachable server, unsupported schema) are raised before
-        ``task_status.started()``."""
+        ``task_status.started()``; a schema or engine change while leading
+        raises UnsupportedSchema after the lock is released. A lone
+        awa_trio/database error is raised as itself, not in a group."""
+        try:
+            await self._run(task_status)
+        except BaseExceptionGroup as group:
+            error = sole_exception(group)
+            if isinstance(error, (AwaTrioError, DatabaseError)):
+                raise error from error.__cause__
+            raise
+
+    async def _run(self, task_status) -> None:
         with trio.CancelScope() as scope:
             self._scope = scope
             async with open_database(
@@ -142,7 +159,7 @@ class MaintenanceService:
                 async def lead(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
                     await run_leader_term(ctx, self.branches, task_status=task_status)
 
-                elector = LeaderElector(db, self.config, self._state, lead)
+                elector = self._elector = LeaderElector(db, self.config, self._state, lead)
                 try:
                     async with trio.open_nursery() as nursery:
                         if self.hooks is not None:

@@ -111,3 +111,20 @@ def awa_client(database_url):
 
 async def in_thread(fn, *args, **kwargs):
     return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+
+@pytest.fixture
+async def maintenance_ctx(db, meter_provider):
+    """A MaintenanceContext on the test database, for calling a branch's
+    run_once directly (no leadership, no timers)."""
+    from awa_trio.config import MaintenanceConfig
+    from awa_trio.context import MaintenanceContext
+    from awa_trio.metrics import MaintenanceMetrics
+    from awa_trio.schema import check_schema
+
+    return MaintenanceContext(
+        db=db,
+        config=MaintenanceConfig(),
+        metrics=MaintenanceMetrics(meter_provider),
+        schema=await check_schema(db),
+    )

@@ -1,0 +1,84 @@
+"""Branch actor timing under trio.testing.MockClock (no database): grid ticks,
+the skipped first tick, dropped missed ticks, and the tracker's cooldown in time."""
+
+import types
+
+import pytest
+import trio
+
+from awa_trio.branch import BranchSpec, next_tick_after, run_branch
+from awa_trio.config import MaintenanceConfig
+from awa_trio.metrics import MaintenanceMetrics
+from awa_trio.tracker import TickDecision
+from awa_trio.tracker_actor import run_tracker
+
+CTX = types.SimpleNamespace(config=MaintenanceConfig())
+
+
+class AlwaysRun:
+    async def begin_tick(self, branch, interval, *, cooldown=True):
+        return TickDecision(run=True)
+
+    async def finish_tick(self, branch, duration):
+        pass
+
+
+def recording_spec(interval, body_seconds=0.0, **kwargs):
+    starts = []
+
+    async def run_once(ctx):
+        starts.append(trio.current_time())
+        await trio.sleep(body_seconds)
+
+    return BranchSpec("timed", interval, run_once, **kwargs), starts
+
+
+async def run_for(seconds, spec, tracker):
+    with trio.move_on_after(seconds):
+        await run_branch(spec, CTX, tracker)
+
+
+def test_next_tick_after_drops_missed_grid_points():
+    assert next_tick_after(10.0, 1.0, now=10.5) == 11.0
+    assert next_tick_after(10.0, 1.0, now=11.0) == 11.0
+    assert next_tick_after(10.0, 1.0, now=13.2) == 14.0
+
+
+async def test_first_tick_is_skipped_and_ticks_follow_the_grid(autojump_clock):
+    spec, starts = recording_spec(1.0)
+    began = trio.current_time()
+    await run_for(5.5, spec, AlwaysRun())
+    assert [round(t - began, 6) for t in starts] == [1, 2, 3, 4, 5]
+
+
+async def test_run_immediately_fires_at_start(autojump_clock):
+    spec, starts = recording_spec(1.0, run_immediately=True)
+    began = trio.current_time()
+    await run_for(2.5, spec, AlwaysRun())
+    assert [round(t - began, 6) for t in starts] == [0, 1, 2]
+
+
+async def test_ticks_missed_during_a_slow_body_are_dropped(autojump_clock):
+    spec, starts = recording_spec(1.0, body_seconds=2.5)
+    began = trio.current_time()
+    await run_for(10.5, spec, AlwaysRun())
+    # Bodies end at 3.5, 6.5, 9.5: the next grid point still ahead is taken.
+    assert [round(t - began, 6) for t in starts] == [1, 4, 7, 10]
+
+
+@pytest.mark.parametrize("body_seconds", [0.26, 0.5, 1.3])
+async def test_tracker_cooldown_keeps_a_slow_branch_running(autojump_clock, body_seconds):
+    """Every body overruns 3/2 of the 0.1s interval. The branch still runs
+    regularly (paced cooldown), never falling silent for 120 ticks."""
+    interval = 0.1
+    spec, starts = recording_spec(interval, body_seconds=body_seconds)
+    async with trio.open_nursery() as nursery:
+        tracker = await nursery.start(run_tracker, MaintenanceMetrics())
+        await run_for(60, spec, tracker)
+        nursery.cancel_scope.cancel()
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    # A body spans ceil(d/i) ticks; cooldown is at most 2*ceil(d/i) quiet ticks.
+    spanned = -(-round(body_seconds * 1000) // round(interval * 1000))
+    worst_gap = (spanned + 2 * spanned + 1) * interval
+    assert max(gaps) <= worst_gap + 1e-6
+    assert len(starts) >= 60 / worst_gap - 1

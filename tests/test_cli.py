@@ -1,0 +1,190 @@
+"""`python -m awa_trio`: settings, one-line errors, signals."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import trio
+
+from awa_trio.cli import env_name, flag_name, resolve
+from awa_trio.config import COUNT, INTERVAL, RETENTION, MaintenanceConfig, RetentionPolicy
+from awa_trio.errors import ConfigError
+from support.helpers import leader_lock_holders
+
+SETTING_FIELDS = [
+    f for f in dataclasses.fields(MaintenanceConfig) if f.metadata["kind"] in (INTERVAL, RETENTION, COUNT)
+]
+
+
+async def run_cli(*args, env=None, timeout=30):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AWA_") and k != "DATABASE_URL"}
+    environ.update(env or {})
+    with trio.fail_after(timeout):
+        return await trio.run_process(
+            [sys.executable, "-m", "awa_trio", *args],
+            capture_stdout=True, capture_stderr=True, check=False, env=environ,
+        )
+
+
+async def test_help_lists_every_setting_with_env_var_and_default():
+    result = await run_cli("--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.decode().split())
+    for field in SETTING_FIELDS:
+        assert flag_name(field.name) in text
+        assert env_name(field.name) in text
+    assert "(env AWA_PROMOTE_INTERVAL; default 250ms)" in text
+    assert "(env AWA_COMPLETED_RETENTION; default 24h)" in text
+    assert "(env AWA_CLEANUP_BATCH_SIZE; default 1000)" in text
+
+
+def test_flags_beat_environment_which_beats_the_file(tmp_path):
+    config_file = tmp_path / "awa.toml"
+    config_file.write_text(
+        'database_url = "postgresql://file/db"\n'
+        "[maintenance]\n"
+        'promote_interval = "2s"\n'
+        'cleanup_interval = "5m"\n'
+        "heartbeat_staleness = 45\n"
+        "[queue_retention.emails]\n"
+        'completed = "1h"\n'
+        'failed = "12h"\n'
+    )
+    invocation = resolve(
+        ["--config", str(config_file), "--promote-interval", "500ms"],
+        environ={"AWA_PROMOTE_INTERVAL": "1s", "AWA_CLEANUP_INTERVAL": "90s"},
+    )
+    config = invocation.config
+    assert config.promote_interval == 0.5
+    assert config.cleanup_interval == 90
+    assert config.heartbeat_staleness == 45
+    assert config.queue_retention_overrides["emails"] == RetentionPolicy(completed=3600, failed=43200)
+    assert invocation.database_url == "postgresql://file/db"
+    assert resolve([], environ={"DATABASE_URL": "postgresql://env/db"}).database_url == "postgresql://env/db"
+    assert resolve([], environ={}).database_url == "postgresql://localhost:5432/awa"
+
+
+def test_queue_retention_and_dlq_flags():
+    config = resolve(
+        ["--queue-retention", "emails=1h", "--queue-retention", "audit=30d,90d,365d",
+         "--dlq-queue", "emails=on", "--dlq-enabled-default", "off"],
+        environ={},
+    ).config
+    assert config.queue_retention_overrides["emails"].completed == 3600
+    assert config.queue_retention_overrides["emails"].failed == 72 * 3600
+    assert config.queue_retention_overrides["audit"].dlq == 365 * 86400
+    assert config.dlq_policy.enabled_for("emails") and not config.dlq_policy.enabled_for("other")
+
+
+@pytest.mark.parametrize(
+    "argv, environ, message",
+    [
+        (["--promote-interval", "0"], {}, "promote_interval must be > 0"),
+        (["--cleanup-batch-size", "lots"], {}, "cleanup_batch_size must be an integer"),
+        ([], {"AWA_HEARTBEAT_STALENESS": "soon"}, "heartbeat_staleness: cannot read 'soon'"),
+        (["--queue-retention", "emails"], {}, "must look like QUEUE=COMPLETED"),
+        (["--log-level", "loud"], {}, "log level must be"),
+    ],
+)
+def test_malformed_settings_name_the_field(argv, environ, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(argv, environ=environ)
+
+
+def test_malformed_config_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[maintenance\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        resolve(["--config", str(bad)], environ={})
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[maintenance]\npromote_intreval = 1\n")
+    with pytest.raises(ConfigError, match="unknown setting 'promote_intreval'"):
+        resolve(["--config", str(unknown)], environ={})
+
+
+def one_line(stderr: bytes) -> str:
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "Traceback" not in lines[0]
+    return lines[0]
+
+
+async def test_bad_settings_exit_2_with_one_line():
+    result = await run_cli("--leader-check-interval=-5s")
+    assert result.returncode == 2
+    assert one_line(result.stderr) == (
+        "awa_trio: invalid configuration: leader_check_interval: cannot read '-5s' as a duration "
+        "(use e.g. 250ms, 30s, 5m, 24h, 30d or plain seconds)"
+    )
+    unknown = await run_cli("--promote-intervall=1s")
+    assert unknown.returncode == 2
+    assert "unrecognized arguments: --promote-intervall=1s" in one_line(unknown.stderr)
+
+
+async def test_bad_url_unreachable_server_and_unsupported_schema_exit_1(empty_database_url, database_url):
+    bad_url = await run_cli("--database-url", "mysql://nope")
+    assert bad_url.returncode == 1
+    assert "invalid DSN" in one_line(bad_url.stderr)
+
+    unreachable = await run_cli("--database-url", "postgresql://postgres@127.0.0.1:1/awa")
+    assert unreachable.returncode == 1
+    assert "cannot use database" in one_line(unreachable.stderr)
+
+    no_schema = await run_cli(env={"AWA_DATABASE_URL": empty_database_url})
+    assert no_schema.returncode == 1
+    assert "no awa schema in this database" in one_line(no_schema.stderr)
+
+
+async def test_migrate_installs_the_schema_with_awa_pg(empty_database_url):
+    result = await run_cli("migrate", "--database-url", empty_database_url, timeout=60)
+    assert result.returncode == 0, result.stderr
+    check = await run_cli("--database-url", empty_database_url, "--print-config")
+    assert check.returncode == 0
+
+
+async def test_migrate_without_awa_pg_says_how_to_install_it(empty_database_url):
+    code = (
+        "import sys; sys.modules['awa'] = None\n"
+        "from awa_trio.cli import main\n"
+        f"sys.exit(main(['migrate', '--database-url', {empty_database_url!r}]))"
+    )
+    with trio.fail_after(30):
+        result = await trio.run_process(
+            [sys.executable, "-c", code], capture_stdout=True, capture_stderr=True, check=False
+        )
+    assert result.returncode == 1
+    assert "pip install 'awa-pg==0.6.1'" in one_line(result.stderr)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_signal_releases_the_lock_and_exits_zero(database_url, db, signum):
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "awa_trio", "--database-url", database_url,
+         "--leader-election-interval", "200ms", "--promote-interval", "50ms"],
+        stderr=subprocess.PIPE,
+    )
+    logs = b""
+    try:
+        with trio.fail_after(20):
+            while b"elected maintenance leader" not in logs:
+                chunk = await process.stderr.receive_some()
+                assert chunk, logs.decode()
+                logs += chunk
+        assert len(await leader_lock_holders(db)) == 1
+        process.send_signal(signum)
+        with trio.fail_after(10):
+            async for chunk in process.stderr:
+                logs += chunk
+            await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+    assert process.returncode == 0, logs.decode()
+    text = logs.decode()
+    assert f"received {signal.Signals(signum).name}" in text
+    assert "released maintenance leader lock" in text
+    assert "Traceback" not in text
+    assert await leader_lock_holders(db) == []

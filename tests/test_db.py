@@ -1,0 +1,107 @@
+"""The trio-asyncio bridge against a real server."""
+
+import pytest
+import trio
+
+from awa_trio.db import ConnectionLost, QueryError, UniqueViolation, open_database
+
+ACTIVE_SLEEPERS_SQL = """
+    SELECT pid FROM pg_stat_activity
+    WHERE state = 'active' AND query LIKE 'SELECT pg_sleep(30)%' AND pid <> pg_backend_pid()
+"""
+
+
+async def test_cancel_scope_cancels_the_query_on_the_server(db):
+    started = trio.current_time()
+    with trio.move_on_after(0.2) as scope:
+        await db.fetchval("SELECT pg_sleep(30)")
+    assert scope.cancelled_caught
+    assert trio.current_time() - started < 2.0
+    # The cancel request travels on its own connection; give it a moment.
+    with trio.fail_after(3):
+        while await db.fetch(ACTIVE_SLEEPERS_SQL):
+            await trio.sleep(0.05)
+    # The pool is still usable afterwards.
+    assert await db.fetchval("SELECT 1") == 1
+
+
+async def test_server_errors_keep_their_sqlstate(db):
+    with pytest.raises(QueryError) as caught:
+        await db.fetchval("SELECT 1 / 0")
+    assert caught.value.sqlstate == "22012"
+
+    await db.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    await db.execute("INSERT INTO t VALUES (1)")
+    with pytest.raises(UniqueViolation) as caught:
+        await db.execute("INSERT INTO t VALUES (1)")
+    assert caught.value.sqlstate == "23505"
+    assert caught.value.constraint == "t_pkey"
+
+
+async def test_connection_loss_is_typed_and_reported(db):
+    conn = await db.connect_dedicated(application_name="awa_trio test victim")
+    closed = trio.Event()
+    conn.on_termination(closed.set)
+    try:
+        await db.execute("SELECT pg_terminate_backend($1)", conn.backend_pid)
+        with trio.fail_after(3):
+            await closed.wait()
+        with pytest.raises(ConnectionLost):
+            await conn.fetchval("SELECT 1")
+    finally:
+        await conn.close()
+
+
+async def test_dedicated_connection_is_outside_the_pool(db):
+    conn = await db.connect_dedicated(application_name="awa_trio dedicated")
+    try:
+        row = await db.fetchrow(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = $1", conn.backend_pid
+        )
+        assert row["application_name"] == "awa_trio dedicated"
+        # Session state sticks to it: a session advisory lock stays held.
+        assert await conn.fetchval("SELECT pg_try_advisory_lock(42)")
+        holders = await db.fetch(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = 42 AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        assert [r["pid"] for r in holders] == [conn.backend_pid]
+    finally:
+        await conn.close()
+
+
+async def test_transaction_rolls_back_on_error_and_on_cancel(db):
+    await db.execute("CREATE TABLE t (id int)")
+    with pytest.raises(ZeroDivisionError):
+        async with db.transaction() as conn:
+            await conn.execute("INSERT INTO t VALUES (1)")
+            1 / 0
+    with trio.move_on_after(0.2):
+        async with db.transaction() as conn:
+            await conn.execute("INSERT INTO t VALUES (2)")
+            await conn.fetchval("SELECT pg_sleep(30)")
+    async with db.transaction() as conn:
+        await conn.execute("INSERT INTO t VALUES (3)")
+    assert [r["id"] for r in await db.fetch("SELECT id FROM t")] == [3]
+
+
+async def test_jsonb_round_trips_as_python_objects(db):
+    assert await db.fetchval("SELECT $1::jsonb", {"a": [1, 2]}) == {"a": [1, 2]}
+    assert await db.fetchval("SELECT ARRAY['{\"e\": 1}'::jsonb]") == [{"e": 1}]
+
+
+async def test_unreachable_server_and_bad_urls_are_connection_errors():
+    with pytest.raises(ConnectionLost, match="refused|Connect call failed"):
+        async with open_database("postgresql://postgres@127.0.0.1:1/x", connect_timeout=2):
+            pass
+    with pytest.raises(ConnectionLost, match="invalid"):
+        async with open_database("mysql://nope"):
+            pass
+
+
+async def test_missing_database_is_a_query_error_with_sqlstate(database_url):
+    missing = database_url.rsplit("/", 1)[0] + "/awa_trio_no_such_db"
+    with pytest.raises(QueryError) as caught:
+        async with open_database(missing):
+            pass
+    assert caught.value.sqlstate == "3D000"

@@ -1,0 +1,187 @@
+"""Leader election on the real advisory lock: one leader, failover, handover,
+and a mixed fleet with a real awa-pg 0.6.1 runtime."""
+
+import logging
+
+import trio
+
+from awa_trio import MaintenanceConfig, MaintenanceService
+from awa_trio.leadership import LOCK_KEY
+from support.awa_pg import awa_pg_worker
+from support.helpers import leader_lock_holders
+from support.probes import BodyRecorder, assert_bodies_ran_only_while_leading, wait_for_any_leader
+
+ELECTION = 0.2
+CHECK = 0.3
+FAST = MaintenanceConfig(
+    leader_election_interval=ELECTION,
+    leader_check_interval=CHECK,
+    promote_interval=0.05,
+)
+
+
+def make_service(database_url, recorder=None, config=FAST):
+    extra = [recorder.spec] if recorder else []
+    return MaintenanceService(database_url, config, extra_branches=extra)
+
+
+async def test_two_instances_elect_exactly_one_leader(database_url, db):
+    probes = [BodyRecorder(), BodyRecorder()]
+    services = [make_service(database_url, p) for p in probes]
+    async with trio.open_nursery() as nursery:
+        for service in services:
+            await nursery.start(service.run)
+        leader = await wait_for_any_leader(*services)
+        await trio.sleep(3 * ELECTION)
+
+        assert [s.is_leader for s in services].count(True) == 1
+        assert await leader_lock_holders(db) == [leader.lock_backend_pid]
+        follower_probe = probes[1] if leader is services[0] else probes[0]
+        assert follower_probe.starts == [], "a follower ran a branch body"
+        nursery.cancel_scope.cancel()
+
+
+async def test_terminated_lock_connection_fails_over_and_rejoins(database_url, db):
+    probes = [BodyRecorder(), BodyRecorder()]
+    services = [make_service(database_url, p) for p in probes]
+    async with trio.open_nursery() as nursery:
+        for service in services:
+            await nursery.start(service.run)
+        old_leader = await wait_for_any_leader(*services)
+        old_probe = probes[services.index(old_leader)]
+        await trio.sleep(0.1)
+        assert old_probe.starts, "the leader runs its branches"
+
+        await db.execute("SELECT pg_terminate_backend($1)", old_leader.lock_backend_pid)
+        with trio.fail_after(CHECK):
+            await old_leader.wait_until_follower()
+        bodies_at_loss = len(old_probe.starts)
+
+        new_leader = await wait_for_any_leader(*services, timeout=ELECTION + 2)
+        assert await leader_lock_holders(db) == [new_leader.lock_backend_pid]
+        for service, probe in zip(services, probes):
+            assert_bodies_ran_only_while_leading(service, probe)
+
+        # The old leader rejoined the election: it leads once the other stops.
+        if new_leader is not old_leader:
+            new_leader.stop()
+            with trio.fail_after(ELECTION + 2):
+                await old_leader.wait_until_leader()
+            assert len(old_probe.starts) >= bodies_at_loss
+            assert await leader_lock_holders(db) == [old_leader.lock_backend_pid]
+        assert_bodies_ran_only_while_leading(old_leader, old_probe)
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_branch_body_runs_after_the_lock_is_gone(database_url, db):
+    probe = BodyRecorder(interval=0.01)
+    service = make_service(database_url, probe)
+    async with db.acquire() as blocker, trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await service.wait_until_leader()
+        await trio.sleep(0.1)
+
+        # Queue a blocking lock request first, so that once the leader's backend
+        # dies the lock goes to this test session and never back to the service.
+        async def take_lock():
+            await blocker.fetchval("SELECT pg_advisory_lock($1)", LOCK_KEY)
+
+        nursery.start_soon(take_lock)
+        await trio.sleep(0.1)
+        await db.execute("SELECT pg_terminate_backend($1)", service.lock_backend_pid)
+        await service.wait_until_follower()
+        lost_at = trio.current_time()
+        await trio.sleep(0.5)
+
+        assert not service.is_leader
+        assert await leader_lock_holders(db) == [blocker.backend_pid]
+        assert [t for t in probe.starts if t > lost_at] == []
+        assert_bodies_ran_only_while_leading(service, probe)
+        await blocker.fetchval("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+        nursery.cancel_scope.cancel()
+
+
+async def test_lock_check_notices_a_silently_lost_lock(database_url, db, caplog):
+    """No connection event at all: only the periodic pg_locks check can tell."""
+    probe = BodyRecorder()
+    service = make_service(database_url, probe, FAST.replace(leader_election_interval=5.0))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await service.wait_until_leader()
+        lock = service._elector.lock_connection
+        # Unlock on the holder's own session; the connection stays healthy.
+        while True:
+            try:
+                assert await lock.fetchval("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+                break
+            except Exception:  # the watcher may be using the connection right now
+                await trio.sleep(0.01)
+        unlocked_at = trio.current_time()
+        await service.wait_until_follower()
+        assert trio.current_time() - unlocked_at <= CHECK + 0.2
+        assert "advisory lock no longer held" in caplog.text
+        assert_bodies_ran_only_while_leading(service, probe)
+        nursery.cancel_scope.cancel()
+
+
+async def test_graceful_stop_hands_leadership_to_the_follower(database_url, db, caplog):
+    caplog.set_level(logging.INFO, logger="awa_trio")
+    first, second = make_service(database_url), make_service(database_url)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(first.run)
+        await first.wait_until_leader()
+        await nursery.start(second.run)
+        await trio.sleep(2 * ELECTION)
+        assert not second.is_leader
+
+        first.stop()
+        stopped_at = trio.current_time()
+        with trio.fail_after(ELECTION + 1):
+            await second.wait_until_leader()
+        assert trio.current_time() - stopped_at <= ELECTION + 0.5
+        assert not first.is_alive
+        assert await leader_lock_holders(db) == [second.lock_backend_pid]
+        assert "released maintenance leader lock" in caplog.text
+        nursery.cancel_scope.cancel()
+    assert await leader_lock_holders(db) == []
+
+
+async def runtime_leader_flags(db):
+    return [row["leader"] for row in await db.fetch("SELECT leader FROM awa.runtime_instances")]
+
+
+async def test_awa_trio_leading_keeps_an_awa_pg_runtime_a_follower(database_url, db):
+    service = make_service(database_url)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await service.wait_until_leader()
+        async with awa_pg_worker(
+            database_url, "mixed_fleet:q", extra_args=["--leader-election-interval-ms", "100"]
+        ):
+            await trio.sleep(1.0)
+            assert service.is_leader
+            assert await leader_lock_holders(db) == [service.lock_backend_pid]
+            assert await runtime_leader_flags(db) == [False]
+        nursery.cancel_scope.cancel()
+
+
+async def test_awa_pg_leader_excludes_awa_trio_until_it_dies(database_url, db):
+    async with awa_pg_worker(
+        database_url, "mixed_fleet:q", extra_args=["--leader-election-interval-ms", "100"]
+    ) as runtime:
+        with trio.fail_after(10):
+            while await runtime_leader_flags(db) != [True]:
+                await trio.sleep(0.05)
+        service = make_service(database_url)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            await trio.sleep(4 * ELECTION)
+            holders = await leader_lock_holders(db)
+            assert not service.is_leader
+            assert len(holders) == 1
+
+            runtime.kill()
+            with trio.fail_after(ELECTION + 3):
+                await service.wait_until_leader()
+            assert await leader_lock_holders(db) == [service.lock_backend_pid]
+            nursery.cancel_scope.cancel()
