@@ -2,9 +2,10 @@
 
 Canonical engine: due rows leave ``awa.scheduled_jobs`` and enter
 ``awa.jobs_hot`` in one statement per batch (no rows travel to the client),
-scheduled first, then retryable. Each batch is its own transaction, so a
-cancel between batches (leadership lost, shutdown) leaves every batch either
-fully promoted or untouched.
+scheduled first, then retryable. Each batch is one statement, hence its own
+transaction: a cancel between batches (leadership lost, shutdown) leaves
+every batch either fully promoted or untouched, and a batch costs a single
+round trip.
 """
 
 from __future__ import annotations
@@ -95,8 +96,7 @@ async def promote_due_state(ctx: MaintenanceContext, state: str, result: Promote
     sql = PROMOTE_DUE_SQL[state]
     for _ in range(PROMOTE_MAX_BATCHES_PER_TICK):
         started = trio.current_time()
-        async with ctx.db.transaction() as conn:
-            rows = await conn.fetch(sql, PROMOTE_BATCH_SIZE)
+        rows = await ctx.db.fetch(sql, PROMOTE_BATCH_SIZE)
         promoted = len(rows)
         ctx.metrics.record_promotion_batch(state, promoted, trio.current_time() - started)
         result.batches += 1

@@ -5,12 +5,25 @@ from __future__ import annotations
 from ..branch import BranchSpec
 from ..config import MaintenanceConfig
 from ..schema import CANONICAL, SchemaInfo
-from . import promote
+from . import admin_metadata, cleanup, priority_aging, promote, queue_stats
 
 
 def canonical_branches(config: MaintenanceConfig) -> list[BranchSpec]:
     return [
         BranchSpec(promote.NAME, config.promote_interval, promote.run_once),
+        BranchSpec(cleanup.NAME, config.cleanup_interval, cleanup.run_once),
+        BranchSpec(priority_aging.NAME, config.priority_aging_interval, priority_aging.run_once),
+        BranchSpec(
+            admin_metadata.RECOMPUTE_DIRTY_NAME,
+            config.dirty_key_recompute_interval,
+            admin_metadata.run_recompute_dirty,
+        ),
+        BranchSpec(
+            admin_metadata.REFRESH_NAME,
+            config.metadata_reconciliation_interval,
+            admin_metadata.run_refresh,
+        ),
+        BranchSpec(queue_stats.NAME, config.queue_stats_interval, queue_stats.run_once),
     ]
 
 

@@ -1,0 +1,110 @@
+"""recompute_dirty_admin_metadata and refresh_admin_metadata on a real awa 0.6.1 schema."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from conftest import in_thread
+
+from awa_trio.branches import admin_metadata
+from awa_trio.config import MaintenanceConfig
+from awa_trio.context import MaintenanceContext
+from awa_trio.metrics import MaintenanceMetrics
+from awa_trio.schema import read_schema
+
+
+async def make_context(db, *, engine: str | None = None) -> MaintenanceContext:
+    schema = await read_schema(db)
+    if engine is not None:
+        schema = dataclasses.replace(schema, engine=engine)
+    return MaintenanceContext(
+        db=db, config=MaintenanceConfig(), metrics=MaintenanceMetrics(), schema=schema
+    )
+
+
+async def insert_jobs(awa_client, kind: str, queue: str, count: int) -> list[int]:
+    return [
+        (await in_thread(awa_client.insert, {"i": i}, kind=kind, queue=queue)).id
+        for i in range(count)
+    ]
+
+
+async def queue_counts(db) -> dict[str, tuple[int, int, int]]:
+    rows = await db.fetch(
+        "SELECT queue, available, running, completed FROM awa.queue_state_counts ORDER BY queue"
+    )
+    return {r["queue"]: (r["available"], r["running"], r["completed"]) for r in rows}
+
+
+async def kind_counts(db) -> dict[str, int]:
+    rows = await db.fetch("SELECT kind, ref_count FROM awa.job_kind_catalog")
+    return {r["kind"]: r["ref_count"] for r in rows}
+
+
+async def dirty_keys(db) -> tuple[set[str], set[str]]:
+    queues = {r["queue"] for r in await db.fetch("SELECT queue FROM awa.admin_dirty_queues")}
+    kinds = {r["kind"] for r in await db.fetch("SELECT kind FROM awa.admin_dirty_kinds")}
+    return queues, kinds
+
+
+async def test_recompute_drains_dirty_keys_into_the_cache(db, awa_client):
+    ctx = await make_context(db)
+    qa_jobs = await insert_jobs(awa_client, "echo", "qa", 3)
+    await insert_jobs(awa_client, "other", "qb", 1)
+    assert await dirty_keys(db) == ({"qa", "qb"}, {"echo", "other"})
+    assert await queue_counts(db) == {}
+
+    result = await admin_metadata.run_recompute_dirty(ctx)
+
+    assert result == admin_metadata.RecomputeDirtyResult(keys_recomputed=4, ran=True)
+    assert await dirty_keys(db) == (set(), set())
+    assert await queue_counts(db) == {"qa": (3, 0, 0), "qb": (1, 0, 0)}
+    assert await kind_counts(db) == {"echo": 3, "other": 1}
+    assert (await admin_metadata.run_recompute_dirty(ctx)).keys_recomputed == 0
+
+    # A state change marks its queue dirty again; the next pass picks it up.
+    await db.execute(
+        "UPDATE awa.jobs_hot SET state = 'running', attempt = 1, heartbeat_at = now()"
+        " WHERE id = $1",
+        qa_jobs[0],
+    )
+    await db.execute(
+        "UPDATE awa.jobs_hot SET state = 'completed', attempt = 1, finalized_at = now()"
+        " WHERE id = $1",
+        qa_jobs[1],
+    )
+    assert (await admin_metadata.run_recompute_dirty(ctx)).keys_recomputed == 1
+    assert await queue_counts(db) == {"qa": (1, 1, 1), "qb": (1, 0, 0)}
+
+
+async def test_refresh_rebuilds_a_drifted_cache_from_the_job_tables(db, awa_client):
+    ctx = await make_context(db)
+    await insert_jobs(awa_client, "echo", "qa", 2)
+    await admin_metadata.run_recompute_dirty(ctx)
+    # Drift that no dirty key will ever repair.
+    await db.execute("UPDATE awa.queue_state_counts SET available = 999 WHERE queue = 'qa'")
+    await db.execute("UPDATE awa.job_kind_catalog SET ref_count = 999 WHERE kind = 'echo'")
+    assert (await admin_metadata.run_recompute_dirty(ctx)).keys_recomputed == 0
+    assert await queue_counts(db) == {"qa": (999, 0, 0)}
+
+    result = await admin_metadata.run_refresh(ctx)
+
+    assert result.ran
+    assert await queue_counts(db) == {"qa": (2, 0, 0)}
+    assert await kind_counts(db) == {"echo": 2}
+
+
+async def test_both_are_no_ops_on_queue_storage(db, awa_client):
+    ctx = await make_context(db, engine="queue_storage")
+    await insert_jobs(awa_client, "echo", "qa", 1)
+    await db.execute(
+        "INSERT INTO awa.queue_state_counts (queue, available) VALUES ('drifted', 5)"
+    )
+
+    recompute = await admin_metadata.run_recompute_dirty(ctx)
+    refresh = await admin_metadata.run_refresh(ctx)
+
+    assert recompute == admin_metadata.RecomputeDirtyResult(keys_recomputed=0, ran=False)
+    assert refresh == admin_metadata.RefreshResult(ran=False)
+    assert await dirty_keys(db) == ({"qa"}, {"echo"})
+    assert await queue_counts(db) == {"drifted": (5, 0, 0)}
