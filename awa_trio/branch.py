@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .db import DatabaseError
+from .db import DatabaseError, describe_error
 from .errors import LeadershipAbandoned
 
 if TYPE_CHECKING:
@@ -91,8 +91,7 @@ async def run_body(spec: BranchSpec, ctx: MaintenanceContext) -> Any:
         with trio.fail_after(ctx.config.branch_timeout):
             return await spec.run_once(ctx)
     except DatabaseError as exc:
-        sqlstate = f" [{exc.sqlstate}]" if exc.sqlstate else ""
-        log.error("%s: database error%s: %s", spec.name, sqlstate, exc)
+        log.error("%s: database error %s", spec.name, describe_error(exc))
     except trio.TooSlowError:
         log.error("%s: body ran longer than branch_timeout (%.1fs) and was cancelled",
                   spec.name, ctx.config.branch_timeout)

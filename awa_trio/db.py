@@ -55,6 +55,11 @@ class UniqueViolation(QueryError):
     """SQLSTATE 23505: a unique constraint (or Awa's unique-claim check) refused a row."""
 
 
+def describe_error(exc: DatabaseError) -> str:
+    """``[SQLSTATE] message`` for log lines (just the message without one)."""
+    return f"[{exc.sqlstate}] {exc}" if exc.sqlstate else str(exc)
+
+
 def translate_error(exc: BaseException) -> DatabaseError | None:
     """Map an asyncpg/OS error to our types; None for anything else."""
     if isinstance(exc, DatabaseError):

@@ -82,3 +82,22 @@ async def test_tracker_cooldown_keeps_a_slow_branch_running(autojump_clock, body
     worst_gap = (spanned + 2 * spanned + 1) * interval
     assert max(gaps) <= worst_gap + 1e-6
     assert len(starts) >= 60 / worst_gap - 1
+
+
+async def test_tracker_records_duration_and_one_overrun_episode(autojump_clock, meter_provider, metric_reader):
+    from support.helpers import metric_points
+
+    spec, starts = recording_spec(0.1, body_seconds=0.3)
+    async with trio.open_nursery() as nursery:
+        tracker = await nursery.start(run_tracker, MaintenanceMetrics(meter_provider))
+        await run_for(20, spec, tracker)
+        nursery.cancel_scope.cancel()
+
+    durations = metric_points(metric_reader, "awa.maintenance.branch.duration")
+    assert [attrs for attrs, _ in durations] == [{"awa.maintenance.branch": "timed"}]
+    assert durations[0][1].count == len(starts)
+    assert durations[0][1].sum == pytest.approx(0.3 * len(starts))
+    overruns = metric_points(metric_reader, "awa.maintenance.branch.overrun")
+    assert [(attrs, point.value) for attrs, point in overruns] == [
+        ({"awa.maintenance.branch": "timed"}, 1)
+    ], "one episode, however many ticks overran"

@@ -16,7 +16,7 @@ import logging
 import trio
 
 from ..context import MaintenanceContext
-from ..db import DatabaseError
+from ..db import DatabaseError, describe_error
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ async def run_once(ctx: MaintenanceContext) -> PromoteResult:
             await promote_due_state(ctx, state, result)
         except DatabaseError as exc:
             # A failure for one state must not keep the other one waiting.
-            log.error("%s: failed to promote %s jobs: %s", NAME, state, exc)
+            log.error("%s: failed to promote %s jobs: %s", NAME, state, describe_error(exc))
         count = result.promoted.get(state, 0)
         if count:
             log.info("%s: promoted %d %s jobs", NAME, count, state)

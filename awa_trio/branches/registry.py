@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..branch import BranchSpec
 from ..config import MaintenanceConfig
 from ..schema import CANONICAL, SchemaInfo
-from . import admin_metadata, cleanup, priority_aging, promote, queue_stats
+from . import admin_metadata, batch_operations, cleanup, priority_aging, promote, queue_stats
 
 
 def canonical_branches(config: MaintenanceConfig) -> list[BranchSpec]:
@@ -24,6 +24,9 @@ def canonical_branches(config: MaintenanceConfig) -> list[BranchSpec]:
             admin_metadata.run_refresh,
         ),
         BranchSpec(queue_stats.NAME, config.queue_stats_interval, queue_stats.run_once),
+        BranchSpec(
+            batch_operations.NAME, config.batch_operations_interval, batch_operations.run_once
+        ),
     ]
 
 
