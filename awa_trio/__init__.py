@@ -5,6 +5,8 @@ from .config import DlqPolicy, MaintenanceConfig, RetentionPolicy, parse_duratio
 from .context import MaintenanceContext
 from .db import ConnectionLost, DatabaseError, QueryError, UniqueViolation
 from .errors import AwaTrioError, ConfigError, LeadershipAbandoned, UnsupportedSchema
+from .hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
+from .jobs import JobRow
 from .service import MaintenanceService
 
 __all__ = [
@@ -14,11 +16,17 @@ __all__ = [
     "ConnectionLost",
     "DatabaseError",
     "DlqPolicy",
+    "FollowUpJob",
+    "Hooks",
+    "JobCancelled",
+    "JobRescued",
+    "JobRow",
     "LeadershipAbandoned",
     "MaintenanceConfig",
     "MaintenanceContext",
     "MaintenanceService",
     "QueryError",
+    "RescueReason",
     "RetentionPolicy",
     "UniqueViolation",
     "UnsupportedSchema",

@@ -73,6 +73,9 @@ def translate_error(exc: BaseException) -> DatabaseError | None:
         if sqlstate == UNIQUE_VIOLATION:
             return UniqueViolation(message, sqlstate=sqlstate, constraint=constraint)
         return QueryError(message, sqlstate=sqlstate, constraint=constraint)
+    if isinstance(exc, asyncpg.exceptions._base.DataError):
+        # Client-side: an argument asyncpg could not encode. The session is fine.
+        return QueryError(f"invalid query argument: {exc}")
     if isinstance(exc, asyncpg.InterfaceError):
         return ConnectionLost(str(exc) or type(exc).__name__)
     if isinstance(exc, (OSError, TimeoutError, EOFError)):

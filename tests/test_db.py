@@ -38,6 +38,14 @@ async def test_server_errors_keep_their_sqlstate(db):
     assert caught.value.constraint == "t_pkey"
 
 
+async def test_unencodable_argument_is_a_query_error_not_a_lost_connection(db):
+    with pytest.raises(QueryError, match="invalid input for query argument"):
+        await db.fetchval("SELECT $1::int", "not a number")
+    with pytest.raises(QueryError, match="not JSON serializable"):
+        await db.fetchval("SELECT $1::jsonb", object())
+    assert await db.fetchval("SELECT 1") == 1
+
+
 async def test_connection_loss_is_typed_and_reported(db):
     conn = await db.connect_dedicated(application_name="awa_trio test victim")
     closed = trio.Event()

@@ -5,11 +5,30 @@ from __future__ import annotations
 from ..branch import BranchSpec
 from ..config import MaintenanceConfig
 from ..schema import CANONICAL, SchemaInfo
-from . import admin_metadata, batch_operations, cleanup, priority_aging, promote, queue_stats
+from . import (
+    admin_metadata,
+    batch_operations,
+    cleanup,
+    priority_aging,
+    promote,
+    queue_stats,
+    rescue_callbacks,
+    rescue_deadlines,
+    rescue_heartbeats,
+)
 
 
 def canonical_branches(config: MaintenanceConfig) -> list[BranchSpec]:
     return [
+        BranchSpec(
+            rescue_heartbeats.NAME, config.heartbeat_rescue_interval, rescue_heartbeats.run_once
+        ),
+        BranchSpec(
+            rescue_deadlines.NAME, config.deadline_rescue_interval, rescue_deadlines.run_once
+        ),
+        BranchSpec(
+            rescue_callbacks.NAME, config.callback_rescue_interval, rescue_callbacks.run_once
+        ),
         BranchSpec(promote.NAME, config.promote_interval, promote.run_once),
         BranchSpec(cleanup.NAME, config.cleanup_interval, cleanup.run_once),
         BranchSpec(priority_aging.NAME, config.priority_aging_interval, priority_aging.run_once),

@@ -1,0 +1,329 @@
+"""What the three rescue branches share: the sweep, the unique-claim fallback
+(#388 upstream) and the side effects of a committed rescue.
+
+A rescue takes a job away from a worker presumed dead (stale heartbeat),
+overdue (hard deadline) or never called back (callback timeout). On the
+canonical engine the rescued row leaves ``awa.jobs_hot`` for
+``awa.scheduled_jobs`` (``retryable``), so each sweep is one statement that
+locks up to :data:`RESCUE_BATCH_SIZE` candidates with ``SKIP LOCKED``,
+deletes them from ``jobs_hot`` and inserts the rescued rows into
+``scheduled_jobs``, returning them. Rows never travel to the client and the
+cost is per rescued row, not per table row. (Upstream UPDATEs the
+``awa.jobs`` view instead, whose INSTEAD OF trigger does the same delete and
+insert; but every UPDATE of that view first materialises the whole
+``jobs_compat()`` function, i.e. every job in the database, on every pass.)
+The unique-claim triggers fire on the base tables either way.
+
+Unique-claim fallback: a rescue re-enters ``retryable``. If a job's
+``unique_states`` claim ``retryable`` but not ``running``, a newer duplicate
+may have taken the claim while it ran, and the batch fails with 23505 as a
+whole. Then the sweep goes row by row, re-checking each row's predicate; a
+row whose rescue conflicts is cancelled instead (the newer duplicate wins),
+and a row that cannot even be cancelled (its mask claims ``cancelled`` too)
+is skipped with an error naming the claim holder. One poisoned row never
+stops the others.
+
+Side effects, in this order, after the rescue statements committed:
+metrics; in-flight cancellation (heartbeat and deadline rescues, and every
+duplicate cancellation); follow-up jobs, one transaction per rescued job;
+then lifecycle events, handed to the hooks dispatcher without waiting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from ..context import MaintenanceContext
+from ..db import ConnectionLost, DatabaseError, UniqueViolation
+from ..hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
+from ..jobs import JOB_COLUMNS, JobRow
+
+log = logging.getLogger(__name__)
+
+#: Most rows one rescue pass takes (and the most the fallback revisits).
+RESCUE_BATCH_SIZE = 500
+#: Event reason for a duplicate-cancelled job whose last error has no text.
+DEFAULT_DUPLICATE_REASON = "rescued as duplicate: unique claim held by a newer job"
+
+#: Column list of the job tables, for the INSERT ... SELECT / RETURNING of each sweep.
+JOB_COLUMNS_SQL = ", ".join(JOB_COLUMNS)
+
+# The fallback's terminal move for a job whose rescue conflicts with a newer
+# duplicate's claim. Guarded by the state the sweep found it in, so a job
+# finished or rescued meanwhile is left alone. Both states live in jobs_hot,
+# so it is an in-place UPDATE; `cancelled` is outside the default unique mask,
+# so normally it claims nothing.
+CANCEL_DUPLICATE_SQL = f"""
+    UPDATE awa.jobs_hot
+    SET state = 'cancelled',
+        finalized_at = now(),
+        heartbeat_at = NULL,
+        deadline_at = NULL,
+        callback_id = NULL,
+        callback_timeout_at = NULL,
+        callback_filter = NULL,
+        callback_on_complete = NULL,
+        callback_on_fail = NULL,
+        callback_transform = NULL,
+        errors = errors || jsonb_build_object('error', $3::text, 'attempt', attempt, 'at', now())
+    WHERE id = $1
+      AND state = $2::awa.job_state
+    RETURNING {JOB_COLUMNS_SQL}
+"""
+
+# Who holds the unique claim a job collided with (for the operator's log).
+CLAIM_HOLDER_SQL = """
+    SELECT claim.job_id
+    FROM awa.job_unique_claims AS claim
+    JOIN (
+        SELECT unique_key FROM awa.jobs_hot WHERE id = $1
+        UNION ALL
+        SELECT unique_key FROM awa.scheduled_jobs WHERE id = $1
+    ) AS job ON claim.unique_key = job.unique_key
+    WHERE claim.job_id <> $1
+    LIMIT 1
+"""
+
+# A follow-up job, inserted the way every Awa producer does (engine-routing,
+# validating, unique-claim aware). A run_at makes it scheduled.
+INSERT_FOLLOW_UP_SQL = """
+    SELECT id
+    FROM awa.insert_job_compat(
+        p_kind => $1,
+        p_queue => $2,
+        p_args => $3::jsonb,
+        p_state => $4::awa.job_state,
+        p_priority => $5::smallint,
+        p_max_attempts => $6::smallint,
+        p_run_at => $7::timestamptz,
+        p_metadata => $8::jsonb,
+        p_tags => $9::text[]
+    )
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class RescueSweep:
+    """One rescue branch's SQL and vocabulary.
+
+    The three statements take the branch's own parameters first (``params``
+    of :func:`run_sweep`), then one more: ``batch_sql`` and
+    ``candidates_sql`` a row limit, ``one_sql`` a job id.
+    """
+
+    #: Branch name (logs, tracker).
+    name: str
+    #: ``awa.rescue.kind`` metric attribute: heartbeat, deadline, callback_timeout.
+    metric_kind: str
+    reason: RescueReason
+    #: The state a candidate is in (guards the duplicate cancellation).
+    from_state: str
+    #: Rescue up to N candidates, RETURNING the rescued rows.
+    batch_sql: str
+    #: Rescue one id if it still matches the predicate, RETURNING it.
+    one_sql: str
+    #: Ids of up to N candidates, for the row-by-row fallback.
+    candidates_sql: str
+    #: Error entry of a job cancelled as a superseded duplicate.
+    duplicate_error: str
+    #: Whether attempts still running in this process are signalled.
+    cancels_in_flight: bool
+
+
+@dataclasses.dataclass
+class RescueResult:
+    #: Rows as committed: retryable (or failed, for an exhausted callback).
+    rescued: list[JobRow] = dataclasses.field(default_factory=list)
+    #: Rows cancelled because a newer unique duplicate holds their claim.
+    duplicates_cancelled: list[JobRow] = dataclasses.field(default_factory=list)
+    #: Ids left untouched by the fallback: not even cancellable, or their statement failed.
+    skipped: list[int] = dataclasses.field(default_factory=list)
+    #: The batch hit a unique-claim conflict and the pass went row by row.
+    row_by_row: bool = False
+    #: In-flight attempts of this process that were signalled.
+    cancelled_in_flight: int = 0
+    follow_ups_inserted: int = 0
+    #: Rescued jobs whose follow-ups failed (factory or insert); their rescue stands.
+    follow_up_failures: int = 0
+    #: Events the hooks dispatcher could not take.
+    events_dropped: int = 0
+
+
+async def run_sweep(ctx: MaintenanceContext, sweep: RescueSweep, *params: Any) -> RescueResult:
+    """One pass of a rescue branch, side effects included."""
+    result = RescueResult()
+    try:
+        records = await ctx.db.fetch(sweep.batch_sql, *params, RESCUE_BATCH_SIZE)
+    except UniqueViolation as exc:
+        log.warning(
+            "%s: batched rescue hit a unique-claim conflict (%s); retrying row by row",
+            sweep.name, exc,
+        )
+        result.row_by_row = True
+        await rescue_row_by_row(ctx, sweep, params, result)
+    else:
+        result.rescued = [JobRow.from_record(record) for record in records]
+    await apply_side_effects(ctx, sweep, result)
+    return result
+
+
+async def rescue_row_by_row(
+    ctx: MaintenanceContext, sweep: RescueSweep, params: Sequence[Any], result: RescueResult
+) -> None:
+    """The #388 fallback: each candidate in its own statement."""
+    ids = [record["id"] for record in await ctx.db.fetch(
+        sweep.candidates_sql, *params, RESCUE_BATCH_SIZE)]
+    for position, job_id in enumerate(ids):
+        try:
+            record = await ctx.db.fetchrow(sweep.one_sql, *params, job_id)
+        except UniqueViolation:
+            await cancel_duplicate(ctx, sweep, job_id, result)
+            continue
+        except ConnectionLost as exc:
+            log.error("%s: connection lost during row-by-row rescue; %d candidates left "
+                      "for the next pass: %s", sweep.name, len(ids) - position, exc)
+            return
+        except DatabaseError as exc:
+            log.error("%s: rescue of job %d failed; skipping it: %s", sweep.name, job_id, exc)
+            result.skipped.append(job_id)
+            continue
+        # None: finished, heartbeated or taken by someone else since the candidate query.
+        if record is not None:
+            result.rescued.append(JobRow.from_record(record))
+
+
+async def cancel_duplicate(
+    ctx: MaintenanceContext, sweep: RescueSweep, job_id: int, result: RescueResult
+) -> None:
+    holder = await unique_claim_holder(ctx, job_id)
+    log.warning(
+        "%s: rescuing job %d conflicts with the unique claim held by job %s; "
+        "cancelling job %d as a superseded duplicate",
+        sweep.name, job_id, _holder_text(holder), job_id,
+    )
+    try:
+        record = await ctx.db.fetchrow(
+            CANCEL_DUPLICATE_SQL, job_id, sweep.from_state, sweep.duplicate_error)
+    except UniqueViolation:
+        log.error(
+            "%s: cannot rescue or cancel job %d: the unique claim is held by job %s and "
+            "job %d's unique_states include 'cancelled'; skipping it (resolve by hand)",
+            sweep.name, job_id, _holder_text(holder), job_id,
+        )
+        result.skipped.append(job_id)
+        return
+    except DatabaseError as exc:
+        log.error("%s: cancelling duplicate job %d failed; skipping it: %s",
+                  sweep.name, job_id, exc)
+        result.skipped.append(job_id)
+        return
+    if record is not None:
+        result.duplicates_cancelled.append(JobRow.from_record(record))
+
+
+async def unique_claim_holder(ctx: MaintenanceContext, job_id: int) -> int | None:
+    """Best effort: only for the log line."""
+    try:
+        return await ctx.db.fetchval(CLAIM_HOLDER_SQL, job_id)
+    except DatabaseError as exc:
+        log.debug("claim holder lookup for job %d failed: %s", job_id, exc)
+        return None
+
+
+def _holder_text(holder: int | None) -> str:
+    return "(unknown)" if holder is None else str(holder)
+
+
+async def apply_side_effects(
+    ctx: MaintenanceContext, sweep: RescueSweep, result: RescueResult
+) -> None:
+    """Everything a committed pass owes the outside world (order in the module docstring)."""
+    if result.duplicates_cancelled:
+        ctx.metrics.record_rescues(
+            f"{sweep.metric_kind}_duplicate_cancelled", len(result.duplicates_cancelled))
+        log.warning(
+            "%s: cancelled %d jobs superseded by a newer unique duplicate: %s",
+            sweep.name, len(result.duplicates_cancelled),
+            _ids(result.duplicates_cancelled),
+        )
+    if result.rescued:
+        ctx.metrics.record_rescues(sweep.metric_kind, len(result.rescued))
+        log.warning("%s: rescued %d jobs (%s)", sweep.name, len(result.rescued), sweep.reason)
+
+    hooks: Hooks | None = ctx.hooks
+    if hooks is None:
+        return
+    signalled = list(result.duplicates_cancelled)
+    if sweep.cancels_in_flight:
+        signalled += result.rescued
+    result.cancelled_in_flight = hooks.cancel_in_flight(signalled)
+    if result.cancelled_in_flight:
+        log.info("%s: signalled %d attempts running in this process",
+                 sweep.name, result.cancelled_in_flight)
+
+    for job in result.rescued:
+        await insert_follow_ups(ctx, sweep, hooks, job, result)
+
+    events: list[JobCancelled | JobRescued] = [
+        JobCancelled(job, job.last_error or DEFAULT_DUPLICATE_REASON)
+        for job in result.duplicates_cancelled
+    ]
+    events += [JobRescued(job, sweep.reason) for job in result.rescued]
+    result.events_dropped = hooks.publish(events)
+
+
+async def insert_follow_ups(
+    ctx: MaintenanceContext, sweep: RescueSweep, hooks: Hooks, job: JobRow, result: RescueResult
+) -> None:
+    """All follow-ups of one rescued job in one transaction; failures are logged
+    and the rescue stands."""
+    if not hooks.has_follow_ups(job.kind):
+        return
+    try:
+        follow_ups = hooks.follow_ups_for(job, sweep.reason)
+    except Exception:
+        # Application code: whatever it raises must not undo or stop the sweep.
+        log.exception("%s: follow-up factory for %s job %d failed; the rescue stands",
+                      sweep.name, job.kind, job.id)
+        result.follow_up_failures += 1
+        return
+    if not follow_ups:
+        return
+    try:
+        async with ctx.db.transaction() as conn:
+            for follow_up in follow_ups:
+                await conn.fetchval(INSERT_FOLLOW_UP_SQL, *follow_up_arguments(follow_up))
+    except Exception as exc:
+        # DatabaseError, or application data the driver cannot encode.
+        log.error(
+            "%s: inserting %d follow-up jobs for %s job %d failed, none inserted; "
+            "the rescue stands: %s",
+            sweep.name, len(follow_ups), job.kind, job.id, exc,
+        )
+        result.follow_up_failures += 1
+        return
+    result.follow_ups_inserted += len(follow_ups)
+    log.info("%s: inserted %d follow-up jobs for %s job %d",
+             sweep.name, len(follow_ups), job.kind, job.id)
+
+
+def follow_up_arguments(follow_up: FollowUpJob) -> tuple[Any, ...]:
+    return (
+        follow_up.kind,
+        follow_up.queue,
+        follow_up.args,
+        "available" if follow_up.run_at is None else "scheduled",
+        follow_up.priority,
+        follow_up.max_attempts,
+        follow_up.run_at,
+        dict(follow_up.metadata),
+        list(follow_up.tags),
+    )
+
+
+def _ids(jobs: Sequence[JobRow], limit: int = 20) -> str:
+    shown = ", ".join(str(job.id) for job in jobs[:limit])
+    return shown + (f" (+{len(jobs) - limit} more)" if len(jobs) > limit else "")

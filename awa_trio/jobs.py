@@ -1,0 +1,80 @@
+"""A job as maintenance sees it: one row of ``awa.jobs``.
+
+Branches that move jobs (rescues) get their rows back with ``RETURNING``;
+:class:`JobRow` is what they hand to lifecycle hooks, follow-up factories
+and in-flight cancellation, so embedding code never sees driver records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+#: Columns of ``awa.jobs`` (and of ``awa.jobs_hot`` / ``awa.scheduled_jobs``), in table order.
+JOB_COLUMNS = (
+    "id", "kind", "queue", "args", "state", "priority", "attempt", "max_attempts",
+    "run_at", "heartbeat_at", "deadline_at", "attempted_at", "finalized_at",
+    "created_at", "errors", "metadata", "tags", "unique_key", "unique_states",
+    "callback_id", "callback_timeout_at", "callback_filter",
+    "callback_on_complete", "callback_on_fail", "callback_transform",
+    "run_lease", "progress",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobRow:
+    """One job, as committed by the statement that returned it."""
+
+    id: int
+    kind: str
+    queue: str
+    #: The job's arguments (decoded jsonb).
+    args: Any
+    #: ``awa.job_state`` value: available, running, retryable, cancelled, ...
+    state: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_at: datetime
+    heartbeat_at: datetime | None
+    deadline_at: datetime | None
+    attempted_at: datetime | None
+    finalized_at: datetime | None
+    created_at: datetime
+    #: One dict per recorded failure: ``{"error": str, "attempt": int, "at": str, ...}``.
+    errors: list[dict[str, Any]]
+    metadata: dict[str, Any]
+    tags: list[str]
+    unique_key: bytes | None
+    #: ``bit(8)`` mask of the states that hold the unique claim (driver bit string).
+    unique_states: Any
+    callback_id: uuid.UUID | None
+    callback_timeout_at: datetime | None
+    callback_filter: str | None
+    callback_on_complete: str | None
+    callback_on_fail: str | None
+    callback_transform: str | None
+    #: Bumped at every claim; with ``id`` it names one attempt (in-flight cancellation key).
+    run_lease: int
+    progress: Any
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> JobRow:
+        """Build from a ``RETURNING *`` (or ``SELECT *``) record of a job table."""
+        values = {name: record[name] for name in JOB_COLUMNS}
+        values["errors"] = list(values["errors"] or [])
+        values["metadata"] = dict(values["metadata"] or {})
+        values["tags"] = list(values["tags"] or [])
+        return cls(**values)
+
+    @property
+    def last_error(self) -> str | None:
+        """Text of the most recent ``errors`` entry, if it has one."""
+        if not self.errors:
+            return None
+        last = self.errors[-1]
+        text = last.get("error") if isinstance(last, Mapping) else None
+        return text if isinstance(text, str) else None
