@@ -1,0 +1,177 @@
+"""awa_trio against upstream's Rust maintenance leader (the one inside an
+awa-pg 0.6.1 runtime), on the same database and the same data.
+
+Two user-visible latencies, each leader leading alone with the same tick
+intervals:
+
+* promotion: N due scheduled jobs are committed at once; time until all are
+  ``available``;
+* heartbeat rescue: N running jobs with stale heartbeats are committed at once,
+  beside a backlog of completed jobs; time until none is ``running``.
+
+Needs awa-pg (the test extra) and a local PostgreSQL.
+
+    python bench/bench_leader.py [--server postgresql://postgres@localhost:5432] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+import asyncpg
+
+AWA_PG_RUNTIME = r"""
+import asyncio, signal, sys, awa
+async def main():
+    client = awa.AsyncClient(sys.argv[1])
+    @client.task(dict, kind="bench_idle", queue="bench_idle")
+    async def idle(job):
+        pass
+    await client.start([("bench_idle", 1)], storage_transition_role="canonical_drain",
+                       leader_election_interval_ms=100, promote_interval_ms=250,
+                       heartbeat_rescue_interval_ms=100, heartbeat_staleness_ms=60_000)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print("READY", flush=True)
+    await stop.wait()
+    await client.shutdown(timeout_ms=2000)
+asyncio.run(main())
+"""
+
+LOCK_HELD_SQL = """
+    SELECT count(*) FROM pg_locks
+    WHERE locktype = 'advisory' AND granted
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND (classid::bigint << 32 | objid::bigint) = 4708303813012965710
+"""
+
+
+def start_leader(kind: str, dsn: str) -> subprocess.Popen:
+    if kind == "awa_trio":
+        argv = [sys.executable, "-m", "awa_trio", "--database-url", dsn,
+                "--leader-election-interval", "100ms", "--promote-interval", "250ms",
+                "--heartbeat-rescue-interval", "100ms", "--heartbeat-staleness", "60s",
+                "--log-level", "WARNING"]
+    else:
+        argv = [sys.executable, "-c", AWA_PG_RUNTIME, dsn]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def wait_until(conn, sql: str, predicate, timeout: float = 120.0) -> float:
+    deadline = time.perf_counter() + timeout
+    while True:
+        if predicate(await conn.fetchval(sql)):
+            return time.perf_counter()
+        if time.perf_counter() > deadline:
+            raise TimeoutError(sql)
+        await asyncio.sleep(0.005)
+
+
+async def one_run(server: str, template: str, leader: str, scenario: str, size: int, backlog: int) -> float:
+    name = f"awa_trio_bench_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(f"{server}/postgres")
+    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    dsn = f"{server}/{name}"
+    process = None
+    try:
+        conn = await asyncpg.connect(dsn)
+        if backlog:
+            await conn.execute(
+                "INSERT INTO awa.jobs_hot (kind, queue, state, finalized_at, attempt) "
+                "SELECT 'bench_done', 'bench', 'completed', now(), 1 FROM generate_series(1, $1)",
+                backlog,
+            )
+            await conn.execute("VACUUM ANALYZE awa.jobs_hot")
+        process = start_leader(leader, dsn)
+        await wait_until(conn, LOCK_HELD_SQL, lambda n: n == 1, timeout=30)
+        await asyncio.sleep(1.0)  # let the leader settle into its ticks
+        if scenario == "promotion":
+            await conn.execute(
+                "INSERT INTO awa.scheduled_jobs (kind, queue, state, run_at) "
+                "SELECT 'bench', 'bench', 'scheduled', now() - interval '1 minute' "
+                "FROM generate_series(1, $1)",
+                size,
+            )
+            committed = time.perf_counter()
+            done = await wait_until(conn, "SELECT count(*) FROM awa.scheduled_jobs", lambda n: n == 0)
+        else:
+            await conn.execute(
+                "INSERT INTO awa.jobs_hot (kind, queue, state, attempt, run_lease, attempted_at, heartbeat_at) "
+                "SELECT 'bench', 'bench', 'running', 1, 1, now() - interval '10 minutes', "
+                "now() - interval '10 minutes' FROM generate_series(1, $1)",
+                size,
+            )
+            committed = time.perf_counter()
+            done = await wait_until(
+                conn, "SELECT count(*) FROM awa.jobs_hot WHERE state = 'running'", lambda n: n == 0
+            )
+        await conn.close()
+        return done - committed
+    finally:
+        if process is not None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def make_template(server: str) -> str:
+    import awa
+
+    name = f"awa_trio_bench_tpl_{os.getpid()}"
+    admin = await asyncpg.connect(f"{server}/postgres")
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await awa.AsyncClient(f"{server}/{name}").migrate()
+    await admin.execute(
+        f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' "
+        "AND pid <> pg_backend_pid()"
+    )
+    await admin.close()
+    return name
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--server", default="postgresql://postgres@localhost:5432")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--promote-jobs", type=int, default=100_000)
+    parser.add_argument("--rescue-jobs", type=int, default=5_000)
+    parser.add_argument("--backlog", type=int, default=300_000)
+    args = parser.parse_args()
+
+    template = await make_template(args.server)
+    scenarios = [
+        ("promotion", f"{args.promote_jobs:,} due jobs -> available", args.promote_jobs, 0),
+        ("rescue", f"{args.rescue_jobs:,} stale jobs rescued ({args.backlog:,} completed beside)",
+         args.rescue_jobs, args.backlog),
+    ]
+    try:
+        print(f"median of {args.runs} runs; both leaders tick every 250 ms (promote) / 100 ms (rescue)")
+        print(f"{'scenario':<52}{'awa-pg (Rust)':>15}{'awa_trio':>11}{'ratio':>8}")
+        for scenario, label, size, backlog in scenarios:
+            results = {}
+            for leader in ("awa-pg", "awa_trio"):
+                times = [await one_run(args.server, template, leader, scenario, size, backlog)
+                         for _ in range(args.runs)]
+                results[leader] = statistics.median(times)
+            ratio = results["awa_trio"] / results["awa-pg"]
+            print(f"{label:<52}{results['awa-pg']:>13.2f} s{results['awa_trio']:>9.2f} s{ratio:>7.2f}x")
+    finally:
+        admin = await asyncpg.connect(f"{args.server}/postgres")
+        await admin.execute(f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
+        await admin.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
