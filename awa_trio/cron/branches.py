@@ -1,0 +1,185 @@
+"""cron_sync and cron_eval: the two leader branches of periodic jobs.
+
+``cron_sync`` upserts this process's registered schedules on winning
+leadership and every ``cron_sync_interval`` (60 s); it never deletes rows,
+because other deployments sharing the database register their own.
+
+``cron_eval`` runs every ``cron_eval_interval`` (1 s) over **every** row in
+``awa.cron_jobs`` (not only ours, like upstream): it skips paused schedules,
+computes the due fires (:func:`~awa_trio.cron.fire_times.compute_fire_times`)
+and enqueues them oldest first, each with the compare-and-set of
+:data:`~awa_trio.cron.store.ATOMIC_ENQUEUE_SQL` chained on the previous
+fire. A missed compare-and-set (another leader got there, or the schedule was
+paused meanwhile) or an error stops that schedule for this pass; the others
+carry on. A row whose expression, zone or policy we cannot read is logged
+and skipped, every pass, until someone fixes or deletes it.
+
+Unlike upstream, the pass is evaluated against the database clock (the clock
+that wrote ``created_at``), so a leader with a skewed clock fires on time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import datetime
+
+import trio
+
+from ..branch import BranchSpec
+from ..config import MaintenanceConfig
+from ..context import MaintenanceContext
+from ..db import Database, DatabaseError
+from .expressions import CronExpressionError
+from .fire_times import (
+    CATCH_UP_LIMIT,
+    CronSchedule,
+    InvalidPolicyError,
+    UnknownTimezoneError,
+    compute_fire_times,
+    format_fire_time,
+    parse_policy,
+)
+from .store import CronJobRow, atomic_enqueue, list_cron_jobs, upsert_cron_job
+
+log = logging.getLogger(__name__)
+
+CRON_SYNC = "cron_sync"
+CRON_EVAL = "cron_eval"
+
+
+@dataclasses.dataclass
+class CronSyncResult:
+    #: Schedules upserted this pass, and how many of them were new rows.
+    upserted: int = 0
+    registered: list[str] = dataclasses.field(default_factory=list)
+    failed: int = 0
+
+
+@dataclasses.dataclass
+class CronEvalResult:
+    schedules: int = 0
+    paused: int = 0
+    #: Rows skipped because their expression, zone or policy is unreadable.
+    invalid: list[str] = dataclasses.field(default_factory=list)
+    #: (schedule name, job id, fire time) of every job enqueued this pass.
+    enqueued: list[tuple[str, int, datetime]] = dataclasses.field(default_factory=list)
+    #: Schedules whose compare-and-set missed (claimed elsewhere or paused).
+    claimed_elsewhere: list[str] = dataclasses.field(default_factory=list)
+    failed: list[str] = dataclasses.field(default_factory=list)
+    #: Schedules that hit the catch-up limit (more fires come next pass).
+    limited: list[str] = dataclasses.field(default_factory=list)
+
+
+async def sync_periodic_jobs(ctx: MaintenanceContext) -> CronSyncResult:
+    """Upsert every registered schedule, each in its own statement, so one
+    bad row cannot keep the others out."""
+    result = CronSyncResult()
+    for job in ctx.periodic_jobs:
+        try:
+            inserted = await upsert_cron_job(ctx.db, job)
+        except DatabaseError as exc:
+            result.failed += 1
+            log.error("%s: failed to sync periodic job %r: %s", CRON_SYNC, job.name, exc)
+            continue
+        result.upserted += 1
+        if inserted:
+            result.registered.append(job.name)
+    if result.registered:
+        log.info("%s: registered %d new periodic jobs: %s",
+                 CRON_SYNC, len(result.registered), ", ".join(result.registered))
+    if result.upserted:
+        log.debug("%s: synced %d periodic jobs", CRON_SYNC, result.upserted)
+    return result
+
+
+async def evaluate_cron_schedules(ctx: MaintenanceContext) -> CronEvalResult:
+    return await evaluate_schedules(ctx.db)
+
+
+async def evaluate_schedules(
+    db: Database, *, now: datetime | None = None, limit: int = CATCH_UP_LIMIT
+) -> CronEvalResult:
+    """One pass over every schedule. ``now`` defaults to the database clock."""
+    result = CronEvalResult()
+    evaluated_at, rows = await list_cron_jobs(db)
+    now = now or evaluated_at
+    result.schedules = len(rows)
+    for row in rows:
+        await trio.lowlevel.checkpoint()  # fire computation is CPU; let other tasks in
+        if row.is_paused:
+            result.paused += 1
+            log.debug("%s: schedule %r is paused", CRON_EVAL, row.name)
+            continue
+        fires = _due_fires(row, now, limit, result)
+        if not fires:
+            continue
+        if len(fires) >= limit:
+            result.limited.append(row.name)
+            log.warning(
+                "%s: schedule %r reached the catch-up limit of %d fires in one pass; "
+                "the remaining fires follow in the next passes",
+                CRON_EVAL, row.name, limit,
+            )
+        await _enqueue_in_order(db, row, fires, result)
+    return result
+
+
+def _due_fires(
+    row: CronJobRow, now: datetime, limit: int, result: CronEvalResult
+) -> list[datetime]:
+    try:
+        schedule = CronSchedule.parse(row.cron_expr, row.timezone)
+        policy = parse_policy(row.missed_fire_policy)
+    except CronExpressionError as exc:
+        problem = f"invalid cron expression {row.cron_expr!r}: {exc}"
+    except (UnknownTimezoneError, InvalidPolicyError) as exc:
+        problem = str(exc)
+    else:
+        return compute_fire_times(
+            schedule,
+            policy=policy,
+            created_at=row.created_at,
+            last_enqueued_at=row.last_enqueued_at,
+            now=now,
+            limit=limit,
+        )
+    result.invalid.append(row.name)
+    log.error("%s: skipping schedule %r: %s", CRON_EVAL, row.name, problem)
+    return []
+
+
+async def _enqueue_in_order(
+    db: Database, row: CronJobRow, fires: list[datetime], result: CronEvalResult
+) -> None:
+    previous = row.last_enqueued_at
+    for fire in fires:
+        try:
+            job_id = await atomic_enqueue(db, row.name, fire, previous)
+        except DatabaseError as exc:
+            result.failed.append(row.name)
+            log.error("%s: failed to enqueue periodic job %r for fire time %s: %s",
+                      CRON_EVAL, row.name, format_fire_time(fire), exc)
+            return
+        if job_id is None:
+            result.claimed_elsewhere.append(row.name)
+            log.debug("%s: fire %s of %r was already claimed or the schedule was paused",
+                      CRON_EVAL, format_fire_time(fire), row.name)
+            return
+        previous = fire
+        result.enqueued.append((row.name, job_id, fire))
+        log.info("%s: enqueued periodic job %r as job %d for fire time %s",
+                 CRON_EVAL, row.name, job_id, format_fire_time(fire))
+
+
+def cron_branches(config: MaintenanceConfig) -> list[BranchSpec]:
+    """The two cron branches, for the branch registry.
+
+    cron_sync runs at once on winning leadership, then every interval.
+    cron_eval has no cooldown: a slow pass must never make the tracker skip
+    the next one, or fires would be late.
+    """
+    return [
+        BranchSpec(CRON_SYNC, config.cron_sync_interval, sync_periodic_jobs, run_immediately=True),
+        BranchSpec(CRON_EVAL, config.cron_eval_interval, evaluate_cron_schedules, cooldown=False),
+    ]
