@@ -3,6 +3,7 @@
 from .branch import BranchSpec
 from .config import DlqPolicy, MaintenanceConfig, RetentionPolicy, parse_duration
 from .context import MaintenanceContext
+from .cron import MissedFirePolicy, PeriodicJob, PeriodicJobError
 from .db import ConnectionLost, DatabaseError, QueryError, UniqueViolation
 from .errors import AwaTrioError, ConfigError, LeadershipAbandoned, UnsupportedSchema
 from .hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
@@ -25,6 +26,9 @@ __all__ = [
     "MaintenanceConfig",
     "MaintenanceContext",
     "MaintenanceService",
+    "MissedFirePolicy",
+    "PeriodicJob",
+    "PeriodicJobError",
     "QueryError",
     "RescueReason",
     "RetentionPolicy",

@@ -33,6 +33,13 @@ from .config import (
     format_duration,
     parse_duration,
 )
+from .cron import (
+    PeriodicJob,
+    merge_periodic_jobs,
+    periodic_jobs_from_document,
+    periodic_jobs_from_flags,
+    split_periodic_job_lines,
+)
 from .db import DatabaseError, sole_exception
 from .errors import AwaTrioError, ConfigError, UnsupportedSchema
 from .schema import migrate
@@ -91,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (env AWA_LOG_LEVEL; default INFO)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the effective settings as JSON and exit")
+    parser.add_argument(
+        "--periodic-job", action="append", default=None, metavar="NAME=EXPR;kind=KIND[;key=value...]",
+        help="register a periodic (cron) job (repeatable; env AWA_PERIODIC_JOBS, one per line); "
+             "keys: kind, queue, timezone, args (JSON), priority, max_attempts, tags (a,b), "
+             "metadata (JSON), missed_fire_policy; e.g. 'report=30 2 * * *;kind=report;"
+             "timezone=Europe/London'",
+    )
     parser.add_argument(
         "--disable-branch", action="append", default=None, metavar="NAME",
         help="do not run this maintenance branch (repeatable; env AWA_DISABLE_BRANCHES, comma-separated)",
@@ -204,6 +218,7 @@ class Invocation:
     print_config: bool
     disabled_branches: tuple[str, ...]
     document: Mapping[str, Any]
+    periodic_jobs: tuple[PeriodicJob, ...] = ()
 
 
 def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> Invocation:
@@ -260,6 +275,12 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         or document.get("database_url")
         or DEFAULT_DATABASE_URL
     )
+    from_file = periodic_jobs_from_document(document, source=config_path) if document else ()
+    job_flags = args.periodic_job
+    if job_flags is None:
+        job_flags = split_periodic_job_lines(environ.get("AWA_PERIODIC_JOBS", ""))
+    periodic_jobs = merge_periodic_jobs(from_file, periodic_jobs_from_flags(job_flags))
+
     disabled = args.disable_branch
     if disabled is None:
         disabled = [s.strip() for s in environ.get("AWA_DISABLE_BRANCHES", "").split(",") if s.strip()]
@@ -274,6 +295,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         print_config=args.print_config,
         disabled_branches=tuple(disabled),
         document=document,
+        periodic_jobs=periodic_jobs,
     )
 
 
@@ -332,7 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"awa schema installed in {redact(url)}")
             return EXIT_OK
         service = MaintenanceService(
-            url, invocation.config, disabled_branches=invocation.disabled_branches
+            url,
+            invocation.config,
+            disabled_branches=invocation.disabled_branches,
+            periodic_jobs=invocation.periodic_jobs,
         )
         trio.run(serve, service)
         return EXIT_OK

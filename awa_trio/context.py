@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .config import MaintenanceConfig
 from .db import Database
@@ -11,6 +11,8 @@ from .metrics import MaintenanceMetrics
 from .schema import SchemaInfo
 
 if TYPE_CHECKING:
+    from .cron import PeriodicJob
+    from .hooks import Hooks
     from .tracker_actor import TrackerClient
 
 
@@ -27,8 +29,8 @@ class MaintenanceContext:
     metrics: MaintenanceMetrics
     schema: SchemaInfo
     #: Lifecycle hooks, follow-up jobs and in-flight cancellation (rescue side effects).
-    hooks: Any = None
+    hooks: Hooks | None = None
     #: Periodic jobs this process registers (cron).
-    periodic_jobs: tuple[Any, ...] = ()
+    periodic_jobs: tuple[PeriodicJob, ...] = ()
     #: The tracker actor of the current leadership term (None outside one).
     tracker: TrackerClient | None = None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import trio
 from opentelemetry.metrics import MeterProvider
@@ -27,8 +26,10 @@ from .branch import BranchSpec
 from .branches.registry import default_branches
 from .config import MaintenanceConfig
 from .context import MaintenanceContext
+from .cron import PeriodicJob, validate_periodic_jobs
 from .db import DatabaseError, open_database, sole_exception
 from .errors import AwaTrioError, ConfigError
+from .hooks import Hooks
 from .leadership import LeaderElector, LeadershipState
 from .metrics import MaintenanceMetrics
 from .schema import SchemaInfo, check_schema
@@ -48,8 +49,8 @@ class MaintenanceService:
         config: MaintenanceConfig | None = None,
         *,
         meter_provider: MeterProvider | None = None,
-        hooks: Any = None,
-        periodic_jobs: Sequence[Any] = (),
+        hooks: Hooks | None = None,
+        periodic_jobs: Sequence[PeriodicJob] = (),
         extra_branches: Sequence[BranchSpec] = (),
         disabled_branches: Sequence[str] = (),
         branch_factory: BranchFactory = default_branches,
@@ -60,7 +61,8 @@ class MaintenanceService:
         #: Rescue side effects (awa_trio.hooks.Hooks); its dispatcher actor runs
         #: in the service's nursery so handlers outlive leadership changes.
         self.hooks = hooks
-        self.periodic_jobs = tuple(periodic_jobs)
+        #: Validated at construction: a bad schedule fails here, naming it.
+        self.periodic_jobs = validate_periodic_jobs(periodic_jobs)
         self._extra_branches = tuple(extra_branches)
         self._disabled_branches = frozenset(disabled_branches)
         self._branch_factory = branch_factory

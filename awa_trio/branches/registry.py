@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..branch import BranchSpec
 from ..config import MaintenanceConfig
+from ..cron import cron_branches
 from ..schema import CANONICAL, SchemaInfo
 from . import (
     admin_metadata,
@@ -46,6 +47,10 @@ def canonical_branches(config: MaintenanceConfig) -> list[BranchSpec]:
         BranchSpec(
             batch_operations.NAME, config.batch_operations_interval, batch_operations.run_once
         ),
+        # cron_sync (runs at once on election) and cron_eval (never skipped by
+        # overrun cooldown). Cron inserts through awa.insert_job_compat, so
+        # these two are engine-independent.
+        *cron_branches(config),
     ]
 
 
