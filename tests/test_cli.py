@@ -188,3 +188,54 @@ async def test_signal_releases_the_lock_and_exits_zero(database_url, db, signum)
     assert "released maintenance leader lock" in text
     assert "Traceback" not in text
     assert await leader_lock_holders(db) == []
+
+
+async def test_periodic_jobs_from_file_and_flag_are_registered_and_fired(database_url, db, tmp_path):
+    config_file = tmp_path / "cron.toml"
+    config_file.write_text(
+        "[[periodic_jobs]]\n"
+        'name = "from_file"\n'
+        'cron_expr = "* * * * * *"\n'
+        'kind = "file_tick"\n'
+        'timezone = "Europe/London"\n'
+    )
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "awa_trio", "--database-url", database_url,
+         "--config", str(config_file), "--leader-election-interval", "200ms",
+         "--periodic-job", 'from_flag=* * * * * *;kind=flag_tick;queue=ticks;args={"n": 1}'],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with trio.fail_after(20):
+            while True:
+                rows = await db.fetch(
+                    "SELECT metadata->>'cron_name' AS name, kind, queue, args FROM awa.jobs "
+                    "WHERE metadata ? 'cron_name'"
+                )
+                if {row["name"] for row in rows} == {"from_file", "from_flag"}:
+                    break
+                await trio.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(10):
+            await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+    assert process.returncode == 0
+    schedules = {
+        row["name"]: (row["cron_expr"], row["timezone"], row["kind"])
+        for row in await db.fetch("SELECT name, cron_expr, timezone, kind FROM awa.cron_jobs")
+    }
+    assert schedules == {
+        "from_file": ("* * * * * *", "Europe/London", "file_tick"),
+        "from_flag": ("* * * * * *", "UTC", "flag_tick"),
+    }
+    flagged = next(row for row in rows if row["name"] == "from_flag")
+    assert (flagged["kind"], flagged["queue"], flagged["args"]) == ("flag_tick", "ticks", {"n": 1})
+
+
+async def test_invalid_periodic_job_flag_exits_2_naming_the_schedule():
+    result = await run_cli("--periodic-job", "broken=61 * * * *;kind=k")
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert line.startswith("awa_trio: invalid configuration:") and "'broken'" in line
