@@ -20,19 +20,10 @@ from awa_trio.config import MaintenanceConfig
 from awa_trio.context import MaintenanceContext
 from awa_trio.metrics import MaintenanceMetrics
 from awa_trio.schema import read_schema
+from support.helpers import advisory_lock_holders
 
 ORIGINAL_PRIORITY = "_awa_original_priority"
 ORIGINAL_QUEUE = "_awa_original_queue"
-
-RUNNER_LOCK_HOLDERS_SQL = """
-    SELECT pid
-    FROM pg_locks
-    WHERE locktype = 'advisory'
-      AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND (classid::bigint << 32 | objid::bigint) = $1
-      AND objsubid = 1
-"""
 
 # Test-only trigger: the first time the given job's item is recorded, ask for
 # the operation's cancellation, as cancel_batch_operation would.
@@ -426,14 +417,14 @@ async def test_the_runner_lock_keeps_out_a_concurrent_runner(db, awa_client):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(runner)
         with trio.fail_after(5):
-            while not await db.fetch(RUNNER_LOCK_HOLDERS_SQL, RUNNER_LOCK_KEY):
+            while not await advisory_lock_holders(db, RUNNER_LOCK_KEY):
                 await trio.sleep(0.01)
         results.append(await run_once(ctx))
 
     assert [(r.claimed, r.runner_lock_busy) for r in results] == [(False, True), (True, False)]
     assert results[1].finalized_state == "completed"
     # Released on the connection that took it.
-    assert await db.fetch(RUNNER_LOCK_HOLDERS_SQL, RUNNER_LOCK_KEY) == []
+    assert await advisory_lock_holders(db, RUNNER_LOCK_KEY) == []
 
 
 async def test_a_failing_job_is_recorded_as_errored_and_the_operation_completes(db, awa_client):
@@ -497,7 +488,7 @@ async def test_without_a_pending_operation_a_tick_is_a_quiet_no_op(db, awa_clien
     assert (result.processed, result.skipped, result.errored) == (0, 0, 0)
     assert not [r for r in caplog.records
                 if r.name == batch_operations.__name__ and r.levelno >= logging.INFO]
-    assert await db.fetch(RUNNER_LOCK_HOLDERS_SQL, RUNNER_LOCK_KEY) == []
+    assert await advisory_lock_holders(db, RUNNER_LOCK_KEY) == []
 
 
 @pytest.mark.parametrize(

@@ -105,6 +105,81 @@ INSERT_FOLLOW_UP_SQL = """
 """
 
 
+def sql_text_literal(text: str) -> str:
+    """A constant (never user input) as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+# Heartbeat and deadline rescues: locked `running` candidates leave jobs_hot
+# and enter scheduled_jobs as `retryable`, finalized, with heartbeat,
+# deadline and every callback column cleared and one error entry appended;
+# attempt, run_at, run_lease and progress travel unchanged. {selection} is
+# either the batch (ORDER BY ... LIMIT) or one id re-checked against the
+# same predicate (the row-by-row fallback).
+_RUNNING_TO_RETRYABLE_TEMPLATE = """
+    WITH candidates AS (
+        SELECT id
+        FROM awa.jobs_hot
+        WHERE {predicate}
+          {selection}
+        FOR UPDATE SKIP LOCKED
+    ),
+    taken AS (
+        DELETE FROM awa.jobs_hot AS hot
+        USING candidates
+        WHERE hot.id = candidates.id
+        RETURNING hot.*
+    )
+    INSERT INTO awa.scheduled_jobs ({columns})
+    SELECT
+        id, kind, queue, args, 'retryable', priority, attempt, max_attempts,
+        run_at, NULL, NULL, attempted_at, now(),
+        created_at,
+        errors || jsonb_build_object('error', {error}, 'attempt', attempt, 'at', now()),
+        metadata, tags, unique_key, unique_states,
+        NULL, NULL, NULL,
+        NULL, NULL, NULL,
+        run_lease, progress
+    FROM taken
+    RETURNING {columns}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepStatements:
+    batch_sql: str
+    one_sql: str
+    candidates_sql: str
+
+
+def candidates_sql(predicate: str, order_by: str, limit_param: int) -> str:
+    """Ids of the oldest candidates, for the row-by-row fallback."""
+    return (
+        f"SELECT id FROM awa.jobs_hot WHERE {predicate} "
+        f"ORDER BY {order_by}, id LIMIT ${limit_param}"
+    )
+
+
+def running_to_retryable_statements(
+    *, predicate: str, order_by: str, error: str, next_param: int
+) -> SweepStatements:
+    """The three statements of a rescue that makes running jobs retryable.
+    ``predicate`` may use parameters ``$1 .. $(next_param - 1)``; the row
+    limit (or the job id) is ``$next_param``."""
+
+    def statement(selection: str) -> str:
+        return _RUNNING_TO_RETRYABLE_TEMPLATE.format(
+            predicate=predicate, selection=selection,
+            error=sql_text_literal(error), columns=JOB_COLUMNS_SQL,
+        )
+
+    return SweepStatements(
+        batch_sql=statement(f"ORDER BY {order_by}, id LIMIT ${next_param}"),
+        one_sql=statement(f"AND id = ${next_param}"),
+        candidates_sql=candidates_sql(predicate, order_by, next_param),
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class RescueSweep:
     """One rescue branch's SQL and vocabulary.

@@ -14,7 +14,14 @@ from __future__ import annotations
 from ..context import MaintenanceContext
 from ..hooks import RescueReason
 from ..jobs import JOB_COLUMNS
-from .rescue import JOB_COLUMNS_SQL, RescueResult, RescueSweep, run_sweep
+from .rescue import (
+    JOB_COLUMNS_SQL,
+    RescueResult,
+    RescueSweep,
+    candidates_sql,
+    run_sweep,
+    sql_text_literal,
+)
 
 NAME = "rescue_expired_callbacks"
 METRIC_KIND = "callback_timeout"
@@ -47,7 +54,7 @@ _RESCUE_SQL_TEMPLATE = """
             callback_on_fail = NULL,
             callback_transform = NULL,
             errors = hot.errors || jsonb_build_object(
-                'error', 'callback timed out',
+                'error', {error},
                 'attempt', hot.attempt,
                 'at', now()
             )
@@ -71,7 +78,7 @@ _RESCUE_SQL_TEMPLATE = """
             heartbeat_at, deadline_at, attempted_at, now(),
             created_at,
             errors || jsonb_build_object(
-                'error', 'callback timed out',
+                'error', {error},
                 'attempt', attempt,
                 'at', now()
             ),
@@ -87,21 +94,18 @@ _RESCUE_SQL_TEMPLATE = """
     SELECT * FROM retried
 """
 _HOT_COLUMNS_SQL = ", ".join(f"hot.{column}" for column in JOB_COLUMNS)
+_STATEMENT_PARTS = dict(
+    columns=JOB_COLUMNS_SQL, hot_columns=_HOT_COLUMNS_SQL, error=sql_text_literal(RESCUE_ERROR)
+)
 RESCUE_BATCH_SQL = _RESCUE_SQL_TEMPLATE.format(
-    selection="ORDER BY callback_timeout_at, id LIMIT $1",
-    columns=JOB_COLUMNS_SQL, hot_columns=_HOT_COLUMNS_SQL)
-RESCUE_ONE_SQL = _RESCUE_SQL_TEMPLATE.format(
-    selection="AND id = $1", columns=JOB_COLUMNS_SQL, hot_columns=_HOT_COLUMNS_SQL)
-
-CANDIDATES_SQL = """
-    SELECT id
-    FROM awa.jobs_hot
-    WHERE state = 'waiting_external'
-      AND callback_timeout_at IS NOT NULL
-      AND callback_timeout_at < now()
-    ORDER BY callback_timeout_at, id
-    LIMIT $1
-"""
+    selection="ORDER BY callback_timeout_at, id LIMIT $1", **_STATEMENT_PARTS)
+RESCUE_ONE_SQL = _RESCUE_SQL_TEMPLATE.format(selection="AND id = $1", **_STATEMENT_PARTS)
+CANDIDATES_SQL = candidates_sql(
+    "state = 'waiting_external' AND callback_timeout_at IS NOT NULL "
+    "AND callback_timeout_at < now()",
+    "callback_timeout_at",
+    limit_param=1,
+)
 
 SWEEP = RescueSweep(
     name=NAME,

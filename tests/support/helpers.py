@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from awa_trio.leadership import LOCK_KEY
 
-# Advisory locks are per database; pg_locks shows the whole cluster.
-LOCK_HOLDERS_SQL = """
+# Advisory locks are per database; pg_locks shows the whole cluster. A bigint
+# key shows as classid (high 32 bits) and objid (low 32 bits), objsubid 1.
+ADVISORY_LOCK_HOLDERS_SQL = """
     SELECT pid
     FROM pg_locks
     WHERE locktype = 'advisory'
@@ -16,9 +17,14 @@ LOCK_HOLDERS_SQL = """
 """
 
 
+async def advisory_lock_holders(db, key: int) -> list[int]:
+    """Backend pids holding a session or transaction advisory lock on ``key``."""
+    return [row["pid"] for row in await db.fetch(ADVISORY_LOCK_HOLDERS_SQL, key)]
+
+
 async def leader_lock_holders(db) -> list[int]:
     """Backend pids holding Awa's leader lock in the test database."""
-    return [row["pid"] for row in await db.fetch(LOCK_HOLDERS_SQL, LOCK_KEY)]
+    return await advisory_lock_holders(db, LOCK_KEY)
 
 
 def metric_points(reader, name: str) -> list[tuple[dict, object]]:
