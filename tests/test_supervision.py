@@ -2,6 +2,8 @@
 
 import logging
 
+import pytest
+
 import trio
 
 from awa_trio import MaintenanceConfig, MaintenanceService
@@ -126,3 +128,18 @@ async def test_lone_node_that_gave_up_leads_again_after_the_penalty(database_url
             await service.wait_until_leader()
         assert [leading for _, leading in service.leadership_history] == [True, False, True]
         nursery.cancel_scope.cancel()
+
+
+async def test_disabled_branches_do_not_run_and_unknown_names_are_refused(database_url):
+    from awa_trio import ConfigError
+
+    service = MaintenanceService(database_url, FAST, disabled_branches=["cleanup", "queue_stats"])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        names = {spec.name for spec in service.branches}
+        assert "promote_scheduled" in names and "cron_eval" in names
+        assert not names & {"cleanup", "queue_stats"}
+        nursery.cancel_scope.cancel()
+
+    with pytest.raises(ConfigError, match="unknown branches: clenaup"):
+        await MaintenanceService(database_url, FAST, disabled_branches=["clenaup"]).run()
