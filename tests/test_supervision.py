@@ -3,7 +3,6 @@
 import logging
 
 import pytest
-
 import trio
 
 from awa_trio import MaintenanceConfig, MaintenanceService
