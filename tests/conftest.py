@@ -117,14 +117,6 @@ async def in_thread(fn, *args, **kwargs):
 async def maintenance_ctx(db, meter_provider):
     """A MaintenanceContext on the test database, for calling a branch's
     run_once directly (no leadership, no timers)."""
-    from awa_trio.config import MaintenanceConfig
-    from awa_trio.context import MaintenanceContext
-    from awa_trio.metrics import MaintenanceMetrics
-    from awa_trio.schema import check_schema
+    from support.contexts import make_context
 
-    return MaintenanceContext(
-        db=db,
-        config=MaintenanceConfig(),
-        metrics=MaintenanceMetrics(meter_provider),
-        schema=await check_schema(db),
-    )
+    return await make_context(db, meter_provider=meter_provider)

@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 from conftest import in_thread
 
 from awa_trio.branches import admin_metadata
-from awa_trio.config import MaintenanceConfig
-from awa_trio.context import MaintenanceContext
-from awa_trio.metrics import MaintenanceMetrics
-from awa_trio.schema import read_schema
-
-
-async def make_context(db, *, engine: str | None = None) -> MaintenanceContext:
-    schema = await read_schema(db)
-    if engine is not None:
-        schema = dataclasses.replace(schema, engine=engine)
-    return MaintenanceContext(
-        db=db, config=MaintenanceConfig(), metrics=MaintenanceMetrics(), schema=schema
-    )
+from support.contexts import make_context
 
 
 async def insert_jobs(awa_client, kind: str, queue: str, count: int) -> list[int]:

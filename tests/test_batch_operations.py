@@ -16,10 +16,7 @@ from conftest import in_thread
 
 from awa_trio.branches import batch_operations
 from awa_trio.branches.batch_operations import RUNNER_LOCK_KEY, run_once
-from awa_trio.config import MaintenanceConfig
-from awa_trio.context import MaintenanceContext
-from awa_trio.metrics import MaintenanceMetrics
-from awa_trio.schema import read_schema
+from support.contexts import make_context
 from support.helpers import advisory_lock_holders
 
 ORIGINAL_PRIORITY = "_awa_original_priority"
@@ -39,13 +36,6 @@ CANCEL_ON_ITEM_TRIGGER_SQL = """
     CREATE TRIGGER test_cancel_on_item AFTER {event} ON awa.batch_operation_items
         FOR EACH ROW EXECUTE FUNCTION test_cancel_on_item();
 """
-
-
-async def make_context(db) -> MaintenanceContext:
-    return MaintenanceContext(
-        db=db, config=MaintenanceConfig(), metrics=MaintenanceMetrics(),
-        schema=await read_schema(db),
-    )
 
 
 async def insert_job(awa_client, queue: str, *, priority: int = 2, scheduled: bool = False,

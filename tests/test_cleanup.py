@@ -9,21 +9,10 @@ import trio
 from conftest import in_thread
 
 from awa_trio.branches import cleanup
-from awa_trio.config import MaintenanceConfig, RetentionPolicy
-from awa_trio.context import MaintenanceContext
-from awa_trio.metrics import MaintenanceMetrics
-from awa_trio.schema import read_schema
+from awa_trio.config import RetentionPolicy
+from support.contexts import make_context
 
 HOUR = 3600
-
-
-async def make_context(db, **config) -> MaintenanceContext:
-    return MaintenanceContext(
-        db=db,
-        config=MaintenanceConfig(**config),
-        metrics=MaintenanceMetrics(),
-        schema=await read_schema(db),
-    )
 
 
 async def insert_job(awa_client, queue: str = "default") -> int:

@@ -8,21 +8,9 @@ import trio
 from conftest import in_thread
 
 from awa_trio.branches import priority_aging
-from awa_trio.config import MaintenanceConfig
-from awa_trio.context import MaintenanceContext
-from awa_trio.metrics import MaintenanceMetrics
-from awa_trio.schema import SchemaInfo, read_schema
+from support.contexts import make_context
 
 ORIGINAL = "_awa_original_priority"
-
-
-async def make_context(db, **config) -> MaintenanceContext:
-    return MaintenanceContext(
-        db=db,
-        config=MaintenanceConfig(**config),
-        metrics=MaintenanceMetrics(),
-        schema=await read_schema(db),
-    )
 
 
 async def insert_available(awa_client, db, *, priority: int, waited_seconds: float,
@@ -120,11 +108,7 @@ async def test_a_job_locked_by_another_transaction_is_skipped_not_waited_for(db,
 
 
 async def test_queue_storage_engine_is_left_alone(db, awa_client):
-    ctx = await make_context(db)
-    ctx = MaintenanceContext(
-        db=db, config=ctx.config, metrics=ctx.metrics,
-        schema=SchemaInfo(version=ctx.schema.version, engine="queue_storage"),
-    )
+    ctx = await make_context(db, engine="queue_storage")
     job = await insert_available(awa_client, db, priority=3, waited_seconds=600)
 
     result = await priority_aging.run_once(ctx)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 
 import pytest
@@ -10,28 +9,14 @@ from conftest import in_thread
 from support.helpers import metric_points
 
 from awa_trio.branches import admin_metadata, queue_stats
-from awa_trio.config import MaintenanceConfig
 from awa_trio.context import MaintenanceContext
 from awa_trio.metrics import (
     ATTR_JOB_QUEUE,
     ATTR_JOB_STATE,
     QUEUE_DEPTH,
     QUEUE_LAG,
-    MaintenanceMetrics,
 )
-from awa_trio.schema import read_schema
-
-
-async def make_context(db, meter_provider, *, engine: str | None = None) -> MaintenanceContext:
-    schema = await read_schema(db)
-    if engine is not None:
-        schema = dataclasses.replace(schema, engine=engine)
-    return MaintenanceContext(
-        db=db,
-        config=MaintenanceConfig(),
-        metrics=MaintenanceMetrics(meter_provider),
-        schema=schema,
-    )
+from support.contexts import make_context
 
 
 async def insert(awa_client, queue: str, **options) -> int:
@@ -65,7 +50,7 @@ def lag_points(reader) -> dict[str, float]:
 async def test_depth_and_lag_per_queue_match_awa_pg_queue_stats(
     db, awa_client, meter_provider, metric_reader
 ):
-    ctx = await make_context(db, meter_provider)
+    ctx = await make_context(db, meter_provider=meter_provider)
     # Queue "busy": 3 available (the oldest has the lowest priority), 1 running,
     # 1 failed, 1 waiting_external, 2 scheduled, 1 retryable, 1 completed.
     oldest = await insert(awa_client, "busy", priority=4)
@@ -134,7 +119,7 @@ async def test_depth_and_lag_per_queue_match_awa_pg_queue_stats(
 async def test_depth_comes_from_the_admin_cache(db, awa_client, meter_provider, metric_reader):
     """Upstream's semantics: counts are as fresh as recompute_dirty_admin_metadata
     made them; jobs the cache has not seen yet are not reported."""
-    ctx = await make_context(db, meter_provider)
+    ctx = await make_context(db, meter_provider=meter_provider)
     await insert(awa_client, "fresh")
 
     before = await queue_stats.run_once(ctx)
@@ -153,7 +138,7 @@ async def test_depth_comes_from_the_admin_cache(db, awa_client, meter_provider, 
 async def test_lag_is_the_oldest_available_run_at_across_all_priorities(
     db, meter_provider, metric_reader
 ):
-    ctx = await make_context(db, meter_provider)
+    ctx = await make_context(db, meter_provider=meter_provider)
     # Each priority level's oldest job is younger than the one before, except
     # level 3, which holds the queue's oldest job; plus a non-available older row.
     await db.execute(
@@ -182,11 +167,11 @@ async def test_lag_is_the_oldest_available_run_at_across_all_priorities(
 async def test_queue_storage_engine_publishes_nothing(
     db, awa_client, meter_provider, metric_reader
 ):
-    ctx = await make_context(db, meter_provider)
+    ctx = await make_context(db, meter_provider=meter_provider)
     await insert(awa_client, "qa")
     await flush_admin_cache(ctx)
 
-    queue_storage_ctx = await make_context(db, meter_provider, engine="queue_storage")
+    queue_storage_ctx = await make_context(db, meter_provider=meter_provider, engine="queue_storage")
     result = await queue_stats.run_once(queue_storage_ctx)
 
     assert result.queues == []

@@ -18,9 +18,8 @@ from awa_trio.branches.rescue import RESCUE_BATCH_SIZE
 from awa_trio.config import MaintenanceConfig
 from awa_trio.context import MaintenanceContext
 from awa_trio.jobs import JobRow
-from awa_trio.metrics import MaintenanceMetrics
-from awa_trio.schema import check_schema
 from support.helpers import metric_points
+from support.contexts import make_context as make_test_context
 
 STALENESS = 60.0
 HEARTBEAT_ERROR = "heartbeat stale: worker presumed dead"
@@ -34,13 +33,9 @@ CALLBACK_COLUMNS = (
 # -- helpers shared with the other rescue/hook test modules --------------------
 
 
-async def make_context(db, config=None, *, meter_provider=None, hooks=None) -> MaintenanceContext:
-    return MaintenanceContext(
-        db=db,
-        config=config or MaintenanceConfig(heartbeat_staleness=STALENESS),
-        metrics=MaintenanceMetrics(meter_provider),
-        schema=await check_schema(db),
-        hooks=hooks,
+async def make_context(db, config=None, **options) -> MaintenanceContext:
+    return await make_test_context(
+        db, config or MaintenanceConfig(heartbeat_staleness=STALENESS), **options
     )
 
 
