@@ -115,8 +115,8 @@ class JobRescued:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class JobCancelled:
-    """A job was cancelled instead of rescued because a newer duplicate holds
-    its unique claim; ``reason`` is the job's last error text."""
+    """A job was cancelled instead of rescued (or promoted) because another
+    job holds its unique claim; ``reason`` is the job's last error text."""
 
     job: JobRow
     reason: str

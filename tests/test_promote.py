@@ -2,11 +2,16 @@
 
 import dataclasses
 import datetime as dt
+import logging
 
+import asyncpg
+import pytest
 import trio
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.branches import promote
+from awa_trio.db import UniqueViolation
+from awa_trio.hooks import Hooks, JobCancelled
 from conftest import in_thread
 from support.awa_pg import awa_pg_worker
 from support.helpers import metric_points
@@ -210,3 +215,89 @@ async def test_one_state_failing_does_not_block_the_other(maintenance_ctx, db, c
     assert result.promoted.get("retryable") == 3
     assert "promote_scheduled: failed to promote scheduled jobs" in caplog.text
     assert dataclasses.asdict(result)["promoted"]["retryable"] == 3
+
+
+# Unique-claim conflicts at promotion. A job whose unique_states claim
+# `available` but not the state it waits in cannot become available while
+# another job holds its claim: the trigger refuses the whole batch (23505).
+INSERT_UNIQUE_SQL = """
+    SELECT id FROM awa.insert_job_compat(
+        'sync_account', 'uq', '{"account": 1}'::jsonb,
+        p_state => $1::awa.job_state, p_run_at => $2::timestamptz,
+        p_unique_key => '\\xc0ffee'::bytea, p_unique_states => $3::bit(8))
+"""
+CLAIMS_SQL = "SELECT unique_key, job_id FROM awa.job_unique_claims ORDER BY job_id"
+
+
+async def superseded_due_job(db, waiting_state, mask="01000000"):
+    """A due job waiting in ``waiting_state`` (which its mask does not claim)
+    and a duplicate holding the claim as ``available``."""
+    past = dt.datetime.now(UTC) - dt.timedelta(minutes=1)
+    due = await db.fetchval(INSERT_UNIQUE_SQL, "scheduled", past, asyncpg.BitString(mask))
+    if waiting_state == "retryable":
+        await db.execute(
+            "UPDATE awa.scheduled_jobs SET state = 'retryable', attempt = 1 WHERE id = $1", due)
+    holder = await db.fetchval(INSERT_UNIQUE_SQL, "available", None, asyncpg.BitString(mask))
+    assert await db.fetch(CLAIMS_SQL) == [(b"\xc0\xff\xee", holder)]
+    return due, holder
+
+
+@pytest.mark.parametrize("waiting_state", ["scheduled", "retryable"])
+async def test_a_due_duplicate_is_cancelled_and_the_rest_promoted(
+    maintenance_ctx, db, caplog, waiting_state
+):
+    innocent_before = 2
+    await insert_due_rows(db, innocent_before, waiting_state)
+    due, holder = await superseded_due_job(db, waiting_state)
+    await insert_due_rows(db, 1, waiting_state)  # due after the duplicate
+    holder_before = await row(db, "jobs_hot", holder)
+    with pytest.raises(UniqueViolation):  # what wedges upstream's promotion every tick
+        await db.fetch(promote.PROMOTE_DUE_SQL[waiting_state], 4096)
+
+    with caplog.at_level(logging.WARNING, logger="awa_trio"):
+        result = await promote.run_once(maintenance_ctx)
+
+    assert result.promoted[waiting_state] == innocent_before + 1
+    assert [job.id for job in result.duplicates_cancelled] == [due]
+    cancelled = await row(db, "jobs_hot", due)
+    assert await row(db, "scheduled_jobs", due) is None
+    assert cancelled["state"] == "cancelled" and cancelled["finalized_at"] is not None
+    assert cancelled["errors"][-1]["error"] == promote.DUPLICATE_ERROR
+    assert await row(db, "jobs_hot", holder) == holder_before
+    assert await db.fetch(CLAIMS_SQL) == [(b"\xc0\xff\xee", holder)]
+    assert await db.fetchval("SELECT count(*) FROM awa.scheduled_jobs") == 0
+    assert f"{waiting_state} job {due} came due while job {holder} holds its unique claim" in caplog.text
+    assert "promoting row by row" in caplog.text
+    # The next tick is an ordinary batch again.
+    assert (await promote.run_once(maintenance_ctx)).duplicates_cancelled == []
+
+
+async def test_a_due_job_that_cannot_even_be_cancelled_is_left_and_logged(maintenance_ctx, db, caplog):
+    due, holder = await superseded_due_job(db, "scheduled", mask="01000010")  # available, cancelled
+    await insert_due_rows(db, 3)
+    with caplog.at_level(logging.ERROR, logger="awa_trio"):
+        result = await promote.run_once(maintenance_ctx)
+    assert result.promoted["scheduled"] == 3 and result.skipped == [due]
+    assert (await row(db, "scheduled_jobs", due))["state"] == "scheduled"
+    assert f"cannot promote or cancel scheduled job {due}: the unique claim is held by job {holder}" in caplog.text
+
+
+async def test_the_leader_reports_the_cancelled_duplicate_to_hooks(database_url, db):
+    due, holder = await superseded_due_job(db, "scheduled")
+    events = []
+    hooks = Hooks()
+    hooks.on_event("sync_account", events.append)
+    service = MaintenanceService(
+        database_url, MaintenanceConfig(promote_interval=0.05, leader_election_interval=0.2),
+        hooks=hooks,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        with trio.fail_after(5):
+            while not events:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    [event] = events
+    assert isinstance(event, JobCancelled)
+    assert event.job.id == due and event.job.state == "cancelled"
+    assert event.reason == promote.DUPLICATE_ERROR

@@ -6,6 +6,16 @@ scheduled first, then retryable. Each batch is one statement, hence its own
 transaction: a cancel between batches (leadership lost, shutdown) leaves
 every batch either fully promoted or untouched, and a batch costs a single
 round trip.
+
+Unique-claim conflicts: a job whose ``unique_states`` claim ``available``
+but not its waiting state (``scheduled`` or ``retryable``) cannot be
+promoted while another job holds its claim, and the trigger refuses the
+whole batch with SQLSTATE 23505. Upstream's promotion then fails every tick
+and nothing of that state is promoted again. Here the refused batch goes
+row by row; a job whose promotion conflicts is cancelled as a duplicate
+(the job holding the claim wins, as River discards such jobs when it
+schedules them), a job that cannot even be cancelled is skipped with an
+error naming the claim holder, and every other due job is promoted.
 """
 
 from __future__ import annotations
@@ -16,7 +26,10 @@ import logging
 import trio
 
 from ..context import MaintenanceContext
-from ..db import DatabaseError, describe_error
+from ..db import ConnectionLost, DatabaseError, UniqueViolation, describe_error
+from ..hooks import JobCancelled
+from ..jobs import JOB_COLUMNS, JobRow
+from .rescue import unique_claim_holder
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +38,8 @@ PROMOTE_BATCH_SIZE = 4096
 PROMOTE_MAX_BATCHES_PER_TICK = 32
 #: Promoted in this order each tick.
 PROMOTABLE_STATES = ("scheduled", "retryable")
+#: Error entry of a due job cancelled because another job holds its unique claim.
+DUPLICATE_ERROR = "cancelled as duplicate: came due while another job held its unique claim"
 
 # The state is a literal, not a parameter, so the planner can use the partial
 # index `(run_at, id, queue) WHERE state = '<state>'` on scheduled_jobs; with a
@@ -39,20 +54,12 @@ _PROMOTE_DUE_SQL_TEMPLATE = """
             FROM awa.scheduled_jobs
             WHERE state = '{state}'::awa.job_state
               AND run_at <= now()
-            ORDER BY run_at, id
-            LIMIT $1
+              {selection}
             FOR UPDATE SKIP LOCKED
         )
         RETURNING *
     )
-    INSERT INTO awa.jobs_hot (
-        id, kind, queue, args, state, priority, attempt, max_attempts,
-        run_at, heartbeat_at, deadline_at, attempted_at, finalized_at,
-        created_at, errors, metadata, tags, unique_key, unique_states,
-        callback_id, callback_timeout_at, callback_filter,
-        callback_on_complete, callback_on_fail, callback_transform,
-        run_lease, progress
-    )
+    INSERT INTO awa.jobs_hot ({columns})
     SELECT
         id, kind, queue, args, 'available', priority, attempt, max_attempts,
         now(), NULL, NULL, attempted_at, finalized_at,
@@ -61,11 +68,58 @@ _PROMOTE_DUE_SQL_TEMPLATE = """
         NULL, NULL, NULL,
         run_lease, progress
     FROM due
-    RETURNING queue
+    RETURNING {returning}
 """
+_COLUMNS_SQL = ", ".join(JOB_COLUMNS)
+_BATCH_SELECTION = "ORDER BY run_at, id LIMIT $1"
+_ONE_SELECTION = "AND id = $1"
 PROMOTE_DUE_SQL = {
-    state: _PROMOTE_DUE_SQL_TEMPLATE.format(state=state) for state in PROMOTABLE_STATES
+    state: _PROMOTE_DUE_SQL_TEMPLATE.format(
+        state=state, selection=_BATCH_SELECTION, columns=_COLUMNS_SQL, returning="queue")
+    for state in PROMOTABLE_STATES
 }
+#: The row-by-row fallback: one id, re-checked against the same predicate.
+PROMOTE_ONE_SQL = {
+    state: _PROMOTE_DUE_SQL_TEMPLATE.format(
+        state=state, selection=_ONE_SELECTION, columns=_COLUMNS_SQL, returning=_COLUMNS_SQL)
+    for state in PROMOTABLE_STATES
+}
+DUE_IDS_SQL = {
+    state: f"""
+        SELECT id
+        FROM awa.scheduled_jobs
+        WHERE state = '{state}'::awa.job_state
+          AND run_at <= now()
+        ORDER BY run_at, id
+        LIMIT $1
+    """
+    for state in PROMOTABLE_STATES
+}
+
+# A due job that cannot be promoted leaves scheduled_jobs as `cancelled`
+# (terminal rows live in jobs_hot), guarded by the state it was found in and
+# with one error entry appended. `cancelled` is outside the default unique
+# mask, so normally it claims nothing.
+CANCEL_DUPLICATE_SQL = f"""
+    WITH taken AS (
+        DELETE FROM awa.scheduled_jobs
+        WHERE id = $1
+          AND state = $2::awa.job_state
+        RETURNING *
+    )
+    INSERT INTO awa.jobs_hot ({_COLUMNS_SQL})
+    SELECT
+        id, kind, queue, args, 'cancelled', priority, attempt, max_attempts,
+        run_at, NULL, NULL, attempted_at, now(),
+        created_at,
+        errors || jsonb_build_object('error', $3::text, 'attempt', attempt, 'at', now()),
+        metadata, tags, unique_key, unique_states,
+        NULL, NULL, NULL,
+        NULL, NULL, NULL,
+        run_lease, progress
+    FROM taken
+    RETURNING {_COLUMNS_SQL}
+"""
 
 
 @dataclasses.dataclass
@@ -75,6 +129,10 @@ class PromoteResult:
     #: Distinct queues that received jobs.
     queues: set[str] = dataclasses.field(default_factory=set)
     batches: int = 0
+    #: Due jobs cancelled because another job holds their unique claim.
+    duplicates_cancelled: list[JobRow] = dataclasses.field(default_factory=list)
+    #: Due jobs left in place: not even cancellable, or their statement failed.
+    skipped: list[int] = dataclasses.field(default_factory=list)
 
 
 async def run_once(ctx: MaintenanceContext) -> PromoteResult:
@@ -88,6 +146,9 @@ async def run_once(ctx: MaintenanceContext) -> PromoteResult:
         count = result.promoted.get(state, 0)
         if count:
             log.info("%s: promoted %d %s jobs", NAME, count, state)
+    if result.duplicates_cancelled and ctx.hooks is not None:
+        ctx.hooks.publish(
+            JobCancelled(job, DUPLICATE_ERROR) for job in result.duplicates_cancelled)
     return result
 
 
@@ -96,7 +157,14 @@ async def promote_due_state(ctx: MaintenanceContext, state: str, result: Promote
     sql = PROMOTE_DUE_SQL[state]
     for _ in range(PROMOTE_MAX_BATCHES_PER_TICK):
         started = trio.current_time()
-        rows = await ctx.db.fetch(sql, PROMOTE_BATCH_SIZE)
+        try:
+            rows = await ctx.db.fetch(sql, PROMOTE_BATCH_SIZE)
+        except UniqueViolation as exc:
+            log.warning("%s: a batch of %s jobs hit a unique-claim conflict (%s); "
+                        "promoting row by row", NAME, state, exc)
+            await promote_row_by_row(ctx, state, result)
+            # What is left is due again next tick, batched once more.
+            return
         promoted = len(rows)
         ctx.metrics.record_promotion_batch(state, promoted, trio.current_time() - started)
         result.batches += 1
@@ -104,3 +172,53 @@ async def promote_due_state(ctx: MaintenanceContext, state: str, result: Promote
         result.queues.update(row["queue"] for row in rows)
         if promoted < PROMOTE_BATCH_SIZE:
             return
+
+
+async def promote_row_by_row(ctx: MaintenanceContext, state: str, result: PromoteResult) -> None:
+    """The fallback for a refused batch: each due job in its own statement."""
+    ids = [record["id"] for record in await ctx.db.fetch(DUE_IDS_SQL[state], PROMOTE_BATCH_SIZE)]
+    promoted = 0
+    for position, job_id in enumerate(ids):
+        try:
+            record = await ctx.db.fetchrow(PROMOTE_ONE_SQL[state], job_id)
+        except UniqueViolation:
+            await cancel_duplicate(ctx, state, job_id, result)
+            continue
+        except ConnectionLost as exc:
+            log.error("%s: connection lost during row-by-row promotion; %d %s jobs left "
+                      "for the next tick: %s", NAME, len(ids) - position, state, exc)
+            break
+        except DatabaseError as exc:
+            log.error("%s: promoting %s job %d failed; skipping it: %s",
+                      NAME, state, job_id, describe_error(exc))
+            result.skipped.append(job_id)
+            continue
+        # None: deleted, rescheduled or taken by another leader meanwhile.
+        if record is not None:
+            promoted += 1
+            result.queues.add(record["queue"])
+    result.promoted[state] = result.promoted.get(state, 0) + promoted
+
+
+async def cancel_duplicate(
+    ctx: MaintenanceContext, state: str, job_id: int, result: PromoteResult
+) -> None:
+    holder = await unique_claim_holder(ctx, job_id)
+    holder_text = "(unknown)" if holder is None else str(holder)
+    try:
+        record = await ctx.db.fetchrow(CANCEL_DUPLICATE_SQL, job_id, state, DUPLICATE_ERROR)
+    except UniqueViolation:
+        log.error("%s: cannot promote or cancel %s job %d: the unique claim is held by job %s "
+                  "and its unique_states include 'cancelled'; leaving it (resolve by hand)",
+                  NAME, state, job_id, holder_text)
+        result.skipped.append(job_id)
+        return
+    except DatabaseError as exc:
+        log.error("%s: cancelling duplicate %s job %d failed; skipping it: %s",
+                  NAME, state, job_id, describe_error(exc))
+        result.skipped.append(job_id)
+        return
+    if record is not None:
+        log.warning("%s: %s job %d came due while job %s holds its unique claim; "
+                    "cancelled it as a duplicate", NAME, state, job_id, holder_text)
+        result.duplicates_cancelled.append(JobRow.from_record(record))
