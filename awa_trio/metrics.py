@@ -69,6 +69,12 @@ class MaintenanceMetrics:
         self.queue_lag = meter.create_gauge(
             QUEUE_LAG, unit="s", description="Age of the oldest available job per queue"
         )
+        # A synchronous gauge reports its last value until told otherwise, so
+        # a queue that drained or vanished would show its old lag or depth
+        # forever (and an alert on it would never clear). These remember what
+        # was published, to set it back to zero.
+        self._queues_with_depth: set[str] = set()
+        self._queues_with_lag: set[str] = set()
 
     def record_branch_duration(self, branch: str, seconds: float) -> None:
         self.branch_duration.record(seconds, {ATTR_BRANCH: branch})
@@ -86,8 +92,29 @@ class MaintenanceMetrics:
         if count:
             self.rescues.add(count, {ATTR_RESCUE_KIND: kind})
 
-    def record_queue_depth(self, queue: str, state: str, count: int) -> None:
-        self.queue_depth.set(count, {ATTR_JOB_QUEUE: queue, ATTR_JOB_STATE: state})
+    def record_queue_depth(self, queue: str, depth: dict[str, int]) -> None:
+        self._queues_with_depth.add(queue)
+        for state, count in depth.items():
+            self.queue_depth.set(count, {ATTR_JOB_QUEUE: queue, ATTR_JOB_STATE: state})
 
-    def record_queue_lag(self, queue: str, seconds: float) -> None:
+    def record_queue_lag(self, queue: str, seconds: float | None) -> None:
+        """``None``: nothing available. Like upstream, a queue that never had
+        a lag reports none; one that had reports 0 once it drains."""
+        if seconds is None:
+            if queue in self._queues_with_lag:
+                self.queue_lag.set(0.0, {ATTR_JOB_QUEUE: queue})
+            return
+        self._queues_with_lag.add(queue)
         self.queue_lag.set(seconds, {ATTR_JOB_QUEUE: queue})
+
+    def zero_vanished_queues(self, current: set[str], states: tuple[str, ...]) -> set[str]:
+        """Set depth and lag of queues published before but absent from
+        ``current`` to zero, once; returns those queues."""
+        vanished = (self._queues_with_depth | self._queues_with_lag) - current
+        for queue in vanished:
+            if queue in self._queues_with_depth:
+                self.record_queue_depth(queue, dict.fromkeys(states, 0))
+            self.record_queue_lag(queue, None)
+        self._queues_with_depth -= vanished
+        self._queues_with_lag -= vanished
+        return vanished

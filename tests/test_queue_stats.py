@@ -176,3 +176,35 @@ async def test_queue_storage_engine_publishes_nothing(
 
     assert result.queues == []
     assert metric_points(metric_reader, QUEUE_DEPTH) == []
+
+
+async def test_drained_and_vanished_queues_stop_reporting_old_values(
+    db, awa_client, meter_provider, metric_reader
+):
+    """A synchronous gauge repeats its last value: without care, a queue that
+    drained would show its old lag forever, and one that disappeared its old
+    depth. Here they go to zero; a queue that never had a lag still has none."""
+    ctx = await make_context(db, meter_provider=meter_provider)
+    drained = await insert(awa_client, "drained")
+    await db.execute("UPDATE awa.jobs_hot SET run_at = now() - interval '5 minutes' WHERE id = $1", drained)
+    gone = await insert(awa_client, "gone")
+    await insert(awa_client, "idle", run_at=dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1))
+    await flush_admin_cache(ctx)
+    await queue_stats.run_once(ctx)
+    assert lag_points(metric_reader)["drained"] >= 290
+    assert depth_points(metric_reader)[("gone", "available")] == 1
+    assert "idle" not in lag_points(metric_reader)
+
+    await set_state(db, "jobs_hot", drained, "running", ", heartbeat_at = now()")
+    await db.execute("DELETE FROM awa.jobs_hot WHERE id = $1", gone)
+    await flush_admin_cache(ctx)
+    await db.execute("DELETE FROM awa.queue_state_counts WHERE queue = 'gone'")
+    result = await queue_stats.run_once(ctx)
+
+    assert "gone" not in [stats.queue for stats in result.queues]
+    lags, depths = lag_points(metric_reader), depth_points(metric_reader)
+    assert lags["drained"] == 0.0 and lags["gone"] == 0.0
+    assert "idle" not in lags
+    assert depths[("drained", "running")] == 1 and depths[("drained", "available")] == 0
+    assert {state: depths[("gone", state)] for state in queue_stats.DEPTH_STATES} == dict.fromkeys(
+        queue_stats.DEPTH_STATES, 0)

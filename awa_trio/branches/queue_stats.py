@@ -20,6 +20,10 @@ them:
   Upstream aggregates every available row for it; here each queue costs one
   index probe per priority level, which gives the same minimum.
 
+Unlike upstream, a queue whose last available job was taken reports lag 0
+(not its last lag, forever), and a queue that leaves every source above
+reports depth 0 once, so alerts on these gauges clear.
+
 Canonical engine only; queue storage reports its depth from its ring tables.
 """
 
@@ -109,10 +113,9 @@ async def run_once(ctx: MaintenanceContext) -> QueueStatsResult:
             depth={state: int(row[state]) for state in DEPTH_STATES},
             lag_seconds=row["lag_seconds"],
         )
-        for state, count in stats.depth.items():
-            ctx.metrics.record_queue_depth(stats.queue, state, count)
-        if stats.lag_seconds is not None:
-            ctx.metrics.record_queue_lag(stats.queue, stats.lag_seconds)
+        ctx.metrics.record_queue_depth(stats.queue, stats.depth)
+        ctx.metrics.record_queue_lag(stats.queue, stats.lag_seconds)
         result.queues.append(stats)
+    ctx.metrics.zero_vanished_queues({stats.queue for stats in result.queues}, DEPTH_STATES)
     log.debug("%s: published depth and lag of %d queues", NAME, len(result.queues))
     return result
