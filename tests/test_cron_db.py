@@ -11,6 +11,7 @@ import trio
 from awa_trio.config import MaintenanceConfig
 from awa_trio.context import MaintenanceContext
 from awa_trio.cron import CRON_EVAL, CRON_SYNC, PeriodicJob, cron_branches, format_fire_time
+from awa_trio.cron import branches as cron_branches_module
 from awa_trio.cron.branches import evaluate_cron_schedules, evaluate_schedules, sync_periodic_jobs
 from awa_trio.cron.store import atomic_enqueue, list_cron_jobs, upsert_cron_job
 from awa_trio.db import open_database
@@ -329,3 +330,53 @@ def test_branch_specs():
     assert (sync.name, sync.interval, sync.run_immediately, sync.cooldown) == (CRON_SYNC, 30, True, True)
     assert (evaluate.name, evaluate.interval, evaluate.run_immediately, evaluate.cooldown) == (
         CRON_EVAL, 0.5, False, False)
+
+
+async def test_a_compare_and_set_miss_stops_that_schedule_only(db, monkeypatch):
+    """Another leader moves one schedule's mark between this evaluator's list
+    and its enqueue: that schedule's pass ends at the miss (no fire chained
+    on a stale mark), and the other schedules still fire."""
+    start = whole_second(await database_now(db)) - timedelta(seconds=5)
+    for name in ("a_contended", "b_free"):
+        await register(db, PeriodicJob(name, "* * * * * *", kind="tick", missed_fire_policy="catch_up"),
+                       last_enqueued_at=start)
+    moved_to = start + timedelta(seconds=3)
+    real_list = cron_branches_module.list_cron_jobs
+
+    async def list_then_lose_the_race(database):
+        listed = await real_list(database)
+        await db.execute("UPDATE awa.cron_jobs SET last_enqueued_at = $1 WHERE name = 'a_contended'",
+                         moved_to)
+        return listed
+
+    monkeypatch.setattr(cron_branches_module, "list_cron_jobs", list_then_lose_the_race)
+    result = await evaluate_schedules(db)
+
+    assert result.claimed_elsewhere == ["a_contended"]
+    assert await db.fetch(JOBS_OF_SQL, "a_contended") == []
+    assert (await db.fetchrow(CRON_ROW_SQL, "a_contended"))["last_enqueued_at"] == moved_to
+    free_fires = [fire for name, _, fire in result.enqueued if name == "b_free"]
+    assert free_fires[0] == start + timedelta(seconds=1) and len(free_fires) >= 5
+    assert len(await db.fetch(JOBS_OF_SQL, "b_free")) == len(free_fires)
+
+
+async def test_marks_no_clock_reaches_are_logged_and_skipped(db, caplog):
+    """'infinity' and the ends of the calendar, which a hand edit or another
+    tool may leave, cost only their own schedule."""
+    every_second = "* * * * * *"
+    for name in ("a_infinite", "b_year_9999", "c_year_1", "d_good"):
+        await register(db, PeriodicJob(name, every_second, kind="k"), created_ago=timedelta(hours=1))
+    await db.execute("UPDATE awa.cron_jobs SET last_enqueued_at = 'infinity' WHERE name = 'a_infinite'")
+    await db.execute("UPDATE awa.cron_jobs SET last_enqueued_at = '9999-12-31 23:59:59+00' "
+                     "WHERE name = 'b_year_9999'")
+    await db.execute("UPDATE awa.cron_jobs SET created_at = '0001-01-01 00:00:30+00' WHERE name = 'c_year_1'")
+
+    result = await evaluate_schedules(db)
+
+    assert [name for name, _, _ in result.enqueued] == ["d_good"]
+    assert set(result.invalid) <= {"a_infinite", "b_year_9999", "c_year_1"}
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert all(message.startswith("cron_eval: skipping schedule") for message in errors)
+    assert {name for name in ("a_infinite", "b_year_9999", "c_year_1")
+            if any(repr(name) in message for message in errors)} == set(result.invalid)
+    assert "a_infinite" in result.invalid

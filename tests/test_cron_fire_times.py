@@ -145,6 +145,26 @@ def test_london_fall_back_fires_the_repeated_time_once():
                      last=utc(2026, 10, 24, 23, 50), now=utc(2026, 10, 25, 1, 40)) == [utc(2026, 10, 25, 0, 45)]
 
 
+def test_first_registration_in_the_repeated_hour_fires_nothing_from_before_its_start():
+    """Deliberately unlike upstream, which would enqueue croner's 00:59Z fire
+    (before the lookback window) at once; the first fire here is 02:00Z."""
+    created_at = utc(2026, 10, 25, 1, 30)  # 01:30 GMT, the second pass of 01:xx
+    for now, expected in ((utc(2026, 10, 25, 1, 30, 10), []),
+                          (utc(2026, 10, 25, 1, 59, 59), []),
+                          (utc(2026, 10, 25, 2, 0, 10), [utc(2026, 10, 25, 2, 0)])):
+        assert fires_for("* * * * *", policy=COALESCE, zone=LONDON, last=None,
+                         created_at=created_at, now=now) == expected
+
+
+def test_catch_up_takes_at_most_1000_fires_per_pass_by_default():
+    assert CATCH_UP_LIMIT == 1000
+    last = utc(2026, 5, 7, 12)
+    fires = compute_fire_times(CronSchedule.parse("* * * * * *", "UTC"), policy=CATCH_UP,
+                               created_at=last, last_enqueued_at=last, now=last + 2500 * SECOND)
+    assert len(fires) == 1000
+    assert (fires[0], fires[-1]) == (last + SECOND, last + 1000 * SECOND)
+
+
 def local(zone: str, *parts: int, fold: int = 0) -> datetime:
     return datetime(*parts, tzinfo=ZoneInfo(zone), fold=fold).astimezone(UTC)
 

@@ -136,14 +136,20 @@ def _due_fires(
     except (UnknownTimezoneError, InvalidPolicyError) as exc:
         problem = str(exc)
     else:
-        return compute_fire_times(
-            schedule,
-            policy=policy,
-            created_at=row.created_at,
-            last_enqueued_at=row.last_enqueued_at,
-            now=now,
-            limit=limit,
-        )
+        try:
+            return compute_fire_times(
+                schedule,
+                policy=policy,
+                created_at=row.created_at,
+                last_enqueued_at=row.last_enqueued_at,
+                now=now,
+                limit=limit,
+            )
+        except (TypeError, ValueError, OverflowError) as exc:
+            # Marks no clock reaches: 'infinity' (which the driver cannot
+            # compare), year 1 or 9999 (out of datetime's range when stepped).
+            problem = (f"cannot compute fire times from created_at {row.created_at!r} and "
+                       f"last_enqueued_at {row.last_enqueued_at!r}: {exc}")
     result.invalid.append(row.name)
     log.error("%s: skipping schedule %r: %s", CRON_EVAL, row.name, problem)
     return []

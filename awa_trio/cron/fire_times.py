@@ -23,7 +23,12 @@ Two deliberate differences, both where croner misbehaves:
 * croner gives up for good on gaps longer than an hour (``InvalidTime``: the
   schedule would never fire again); we treat every gap alike.
 We also never return instants before the start (croner does when started in
-the second pass of a repeated hour); the evaluator drops those anyway.
+the second pass of a repeated hour). Upstream's evaluator drops those only
+when the schedule has a ``last_enqueued_at``; on first registration it would
+enqueue one, dated before the schedule's own lookback window (``* * * * *``
+in Europe/London created at 01:30 in the repeated hour fires 00:59 UTC at
+once). awa_trio fires nothing then, and the schedule's first fire is the
+first one its iteration reaches.
 
 Policies (upstream ``compute_fire_times``): first registration fires only
 the latest due fire at or after ``created_at - 1 min``; ``coalesce`` fires the
