@@ -10,7 +10,9 @@
           |   +--------------<-------------------------+  | check failed: cancel the
           |                                               | leader scope, retry at once
           +------ a branch kept crashing: release the ----+
-                  lock, stay out 2 election intervals
+                  lock, stay out 2 election intervals;
+                  a database error starting the term:
+                  release, stay out 1 election interval
 
 The lock is session-level, held on a dedicated (non-pooled) connection, with
 the key every Awa runtime uses, so a mixed fleet elects exactly one leader.
@@ -68,6 +70,8 @@ HOLDS_LOCK_SQL = """
 class TermOutcome(enum.Enum):
     LOST = "lost"
     ABANDONED = "abandoned"
+    #: A database error escaped the term (its start-up queries failed).
+    FAILED = "failed"
 
 
 class LeadershipState:
@@ -130,6 +134,8 @@ class LeaderElector:
                 outcome = await self._hold(lock)
                 if outcome is TermOutcome.ABANDONED:
                     await trio.sleep(ABANDON_PENALTY_INTERVALS * self._config.leader_election_interval)
+                elif outcome is TermOutcome.FAILED:
+                    await trio.sleep(self._config.leader_election_interval)
         finally:
             if candidate is not None:
                 await candidate.close()
@@ -164,10 +170,19 @@ class LeaderElector:
                 await nursery.start(self._lead)
         except BaseExceptionGroup as group:
             abandoned, rest = group.split(LeadershipAbandoned)
+            failed, rest = rest.split(DatabaseError) if rest is not None else (None, None)
             if rest is not None:
                 raise
-            log.error("giving up leadership: %s", sole_exception(abandoned) or abandoned)
-            outcome = TermOutcome.ABANDONED
+            if abandoned is not None:
+                log.error("giving up leadership: %s", sole_exception(abandoned) or abandoned)
+                outcome = TermOutcome.ABANDONED
+            else:
+                # Branch bodies handle their own database errors; this is the
+                # term's start-up (schema check) failing: a connection lost, a
+                # server restarting. Leading half-started is not an option.
+                log.error("leadership term failed, releasing the lock and retrying: %s",
+                          sole_exception(failed) or failed)
+                outcome = TermOutcome.FAILED
         finally:
             self._state.set_leader(False)
             self._state.lock_backend_pid = None

@@ -142,3 +142,39 @@ async def test_disabled_branches_do_not_run_and_unknown_names_are_refused(databa
 
     with pytest.raises(ConfigError, match="unknown branches: clenaup"):
         await MaintenanceService(database_url, FAST, disabled_branches=["clenaup"]).run()
+
+
+async def test_database_error_starting_a_term_releases_the_lock_and_retries(
+    database_url, db, caplog, monkeypatch
+):
+    """The term's start-up query (the schema check) failing must not end the
+    service: the lock is released and the node stands again after one
+    election interval."""
+    from awa_trio import supervisor
+    from awa_trio.db import ConnectionLost
+
+    real_read_schema = supervisor.read_schema
+    failures = []
+
+    async def flaky_read_schema(database):
+        if not failures:
+            failures.append(trio.current_time())
+            raise ConnectionLost("connection was closed in the middle of operation")
+        return await real_read_schema(database)
+
+    monkeypatch.setattr(supervisor, "read_schema", flaky_read_schema)
+    probe = BodyRecorder("probe", 0.02)
+    service = MaintenanceService(database_url, FAST, extra_branches=[probe.spec])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        with trio.fail_after(5):
+            while not probe.starts:
+                await trio.sleep(0.01)
+        assert service.is_alive and service.is_leader
+        assert await leader_lock_holders(db) == [service.lock_backend_pid]
+        assert [leading for _, leading in service.leadership_history] == [True, False, True]
+        nursery.cancel_scope.cancel()
+    retried_at = service.leadership_history[2][0]
+    assert retried_at - failures[0] >= FAST.leader_election_interval
+    assert "leadership term failed, releasing the lock and retrying" in caplog.text
+    assert "connection was closed in the middle of operation" in caplog.text
