@@ -5,10 +5,13 @@ import trio
 
 from awa_trio.db import ConnectionLost, QueryError, UniqueViolation, open_database
 
+# Only this test's database: other tests may be sleeping elsewhere on the server.
 ACTIVE_SLEEPERS_SQL = """
     SELECT pid FROM pg_stat_activity
     WHERE state = 'active' AND query LIKE 'SELECT pg_sleep(30)%' AND pid <> pg_backend_pid()
+      AND datname = current_database()
 """
+BACKEND_ACTIVITY_SQL = "SELECT state, query FROM pg_stat_activity WHERE pid = $1"
 
 
 async def test_cancel_scope_cancels_the_query_on_the_server(db):
@@ -23,6 +26,22 @@ async def test_cancel_scope_cancels_the_query_on_the_server(db):
             await trio.sleep(0.05)
     # The pool is still usable afterwards.
     assert await db.fetchval("SELECT 1") == 1
+
+
+async def test_cancelled_query_on_a_dedicated_connection_stops_on_its_backend(db):
+    conn = await db.connect_dedicated(application_name="awa_trio cancel probe")
+    try:
+        with trio.move_on_after(0.2) as scope:
+            await conn.fetchval("SELECT pg_sleep(30)")
+        assert scope.cancelled_caught
+        with trio.fail_after(3):
+            while (await db.fetchrow(BACKEND_ACTIVITY_SQL, conn.backend_pid))["state"] == "active":
+                await trio.sleep(0.05)
+        activity = await db.fetchrow(BACKEND_ACTIVITY_SQL, conn.backend_pid)
+        assert activity["state"] == "idle" and "pg_sleep(30)" in activity["query"]
+        assert await conn.fetchval("SELECT 2") == 2
+    finally:
+        await conn.close()
 
 
 async def test_server_errors_keep_their_sqlstate(db):
@@ -56,6 +75,23 @@ async def test_connection_loss_is_typed_and_reported(db):
             await closed.wait()
         with pytest.raises(ConnectionLost):
             await conn.fetchval("SELECT 1")
+    finally:
+        await conn.close()
+
+
+async def test_connection_killed_mid_query_is_lost_with_its_sqlstate(db):
+    conn = await db.connect_dedicated(application_name="awa_trio test victim")
+    try:
+        async def terminate_soon():
+            await trio.sleep(0.2)
+            await db.execute("SELECT pg_terminate_backend($1)", conn.backend_pid)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(terminate_soon)
+            with pytest.raises(ConnectionLost) as caught:
+                await conn.fetchval("SELECT pg_sleep(5)")
+        assert caught.value.sqlstate == "08003"
+        assert "administrator command" in str(caught.value)
     finally:
         await conn.close()
 

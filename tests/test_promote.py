@@ -105,6 +105,11 @@ async def test_running_leader_promotes_due_rows_exactly(database_url, db, awa_cl
     assert states == {"scheduled", "retryable"}
     sizes = metric_points(metric_reader, "awa.maintenance.promote_batch_size")
     assert sum(point.sum for _, point in sizes) == 2
+    durations = metric_points(metric_reader, "awa.maintenance.promote_duration")
+    assert {attrs["awa.job.state"] for attrs, _ in durations} == {"scheduled", "retryable"}
+    batches = sum(point.value for _, point in metric_points(metric_reader, "awa.maintenance.promote_batches"))
+    assert sum(point.count for _, point in durations) == batches
+    assert all(0 <= point.min and point.max < 5 for _, point in durations)
 
 
 async def test_job_failed_by_an_awa_pg_worker_is_promoted_and_run_again(database_url, db, awa_client):
