@@ -6,7 +6,8 @@ import logging
 import trio
 
 from awa_trio import MaintenanceConfig, MaintenanceService
-from awa_trio.leadership import LOCK_KEY
+from awa_trio.db import ConnectionLost
+from awa_trio.leadership import LOCK_KEY, LeaderElector, LeadershipState
 from support.awa_pg import awa_pg_worker
 from support.helpers import leader_lock_holders
 from support.probes import BodyRecorder, assert_bodies_ran_only_while_leading, wait_for_any_leader
@@ -67,8 +68,11 @@ async def test_terminated_lock_connection_fails_over_and_rejoins(database_url, d
             new_leader.stop()
             with trio.fail_after(ELECTION + 2):
                 await old_leader.wait_until_leader()
-            assert len(old_probe.starts) >= bodies_at_loss
             assert await leader_lock_holders(db) == [old_leader.lock_backend_pid]
+        # Leading again, its branches run again.
+        with trio.fail_after(2):
+            while len(old_probe.starts) <= bodies_at_loss:
+                await trio.sleep(0.01)
         assert_bodies_ran_only_while_leading(old_leader, old_probe)
         nursery.cancel_scope.cancel()
 
@@ -185,3 +189,81 @@ async def test_awa_pg_leader_excludes_awa_trio_until_it_dies(database_url, db):
                 await service.wait_until_leader()
             assert await leader_lock_holders(db) == [service.lock_backend_pid]
             nursery.cancel_scope.cancel()
+
+
+class ElectionRecorder:
+    """A stand-in database for the election loop alone (no server): the
+    first ``failures`` connection attempts fail, then every lock attempt
+    finds the lock taken. Records when each attempt happened."""
+
+    def __init__(self, failures: int):
+        self.failures = failures
+        self.attempts: list[tuple[float, str]] = []
+
+    async def connect_dedicated(self, *, application_name: str):
+        if sum(1 for _, what in self.attempts if what == "connect failed") < self.failures:
+            self.attempts.append((trio.current_time(), "connect failed"))
+            raise ConnectionLost("connection refused")
+        return self
+
+    async def fetchval(self, sql: str, *args):
+        self.attempts.append((trio.current_time(), "lock taken"))
+        return False
+
+    def is_closed(self) -> bool:
+        return False
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_election_tries_at_once_then_every_interval_also_after_errors(autojump_clock, caplog):
+    config = MaintenanceConfig(leader_election_interval=10)
+    recorder = ElectionRecorder(failures=2)
+
+    async def never_leads(*, task_status):
+        raise AssertionError("the lock was never granted")
+
+    elector = LeaderElector(recorder, config, LeadershipState(), never_leads)
+    began = trio.current_time()
+    with trio.move_on_after(45):
+        await elector.run()
+    assert [(round(when - began, 6), what) for when, what in recorder.attempts] == [
+        (0, "connect failed"), (10, "connect failed"), (20, "lock taken"),
+        (30, "lock taken"), (40, "lock taken"),
+    ]
+    assert caplog.text.count("leader election attempt failed: connection refused") == 2
+
+
+async def test_tracker_state_starts_fresh_in_every_term(database_url, db, meter_provider, metric_reader):
+    """A branch in overrun cooldown when the lock is lost runs at the first
+    tick of the next term: hysteresis and cooldown belong to one term."""
+    from support.helpers import metric_points
+
+    interval, slow_body = 0.02, 0.8  # cooldown: 2 * ceil(0.8 / 0.02) = 80 ticks = 1.6 s
+
+    async def slow_three_times(ctx, n):
+        if n <= 3:
+            await trio.sleep(slow_body)
+
+    probe = BodyRecorder("slow", interval, slow_three_times)
+    service = MaintenanceService(database_url, FAST, extra_branches=[probe.spec],
+                                 meter_provider=meter_provider)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        with trio.fail_after(10):
+            while not any(attrs == {"awa.maintenance.branch": "slow"}
+                          for attrs, _ in metric_points(metric_reader, "awa.maintenance.branch.overrun")):
+                await trio.sleep(0.01)
+        flipped_at = trio.current_time()
+        assert len(probe.starts) == 3, "the tick that flips to delayed skips its body"
+
+        await db.execute("SELECT pg_terminate_backend($1)", service.lock_backend_pid)
+        await service.wait_until_follower()
+        await service.wait_until_leader()
+        with trio.fail_after(5):
+            while len(probe.starts) < 4:
+                await trio.sleep(0.005)
+        assert probe.starts[3] - flipped_at < 0.8, "the old term's 1.6 s cooldown carried over"
+        assert_bodies_ran_only_while_leading(service, probe)
+        nursery.cancel_scope.cancel()
