@@ -278,6 +278,81 @@ async def test_failing_follow_ups_are_logged_and_the_rescue_stands(db, caplog):
     assert any(f"follow-up factory for other_kind job {bad_factory} failed" in m for m in errors)
 
 
+async def run_and_collect_events(hooks: Hooks, ctx, branch, expected: int) -> tuple[object, list]:
+    """One pass of ``branch`` with the dispatcher running; the events its
+    handlers received."""
+    seen: list = []
+    hooks.on_event("rescue_test", seen.append)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hooks.run, ctx.config)
+        result = await branch.run_once(ctx)
+        with trio.fail_after(5):
+            while len(seen) < expected:
+                await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    return result, seen
+
+
+async def test_callback_rescue_publishes_expired_callback_events_and_enqueues_follow_ups(db):
+    """Both outcomes of an expired callback (retried, and failed on its last
+    attempt) are rescues: handlers hear of them with reason expired_callback
+    and each gets its follow-up job, the failed one included."""
+    hooks = Hooks()
+    hooks.on_rescued_enqueue("rescue_test", lambda job, reason: FollowUpJob(
+        "follow_audit", {"job_id": job.id, "reason": reason, "state": job.state}))
+    ctx = await make_context(db, hooks=hooks)
+    now = await db_now(db)
+    retried = await insert_waiting(db, now, attempt=1, max_attempts=3)
+    exhausted = await insert_waiting(db, now, attempt=3, max_attempts=3)
+
+    result, seen = await run_and_collect_events(hooks, ctx, rescue_callbacks, expected=2)
+
+    assert (await job_snapshot(db, retried))["state"] == "retryable"
+    assert (await job_snapshot(db, exhausted))["state"] == "failed"
+    assert all(type(event) is JobRescued for event in seen)
+    assert sorted((event.job.id, event.job.state, event.reason) for event in seen) == [
+        (retried, "retryable", RescueReason.EXPIRED_CALLBACK),
+        (exhausted, "failed", RescueReason.EXPIRED_CALLBACK),
+    ]
+    assert all(event.reason is RescueReason.EXPIRED_CALLBACK for event in seen)
+    rows = [dict(r) for r in await db.fetch(FOLLOW_UPS_SQL)]
+    assert sorted((r["kind"], r["state"], r["args"]["job_id"], r["args"]["reason"],
+                   r["args"]["state"]) for r in rows) == [
+        ("follow_audit", "available", retried, "expired_callback", "retryable"),
+        ("follow_audit", "available", exhausted, "expired_callback", "failed"),
+    ]
+    assert result.follow_ups_inserted == 2 and result.follow_up_failures == 0
+    assert result.events_dropped == 0
+
+
+@pytest.mark.parametrize(
+    ("branch", "overdue", "reason"),
+    [
+        (rescue_heartbeats, lambda now: {}, RescueReason.STALE_HEARTBEAT),
+        (rescue_deadlines,
+         lambda now: {"heartbeat_at": now, "deadline_at": now - timedelta(seconds=1)},
+         RescueReason.DEADLINE_EXCEEDED),
+    ],
+    ids=["heartbeat", "deadline"],
+)
+async def test_running_rescues_publish_events_with_their_own_reason(db, branch, overdue, reason):
+    """The reason tells a handler why its job was taken away; each branch
+    must name its own."""
+    hooks = Hooks()
+    ctx = await make_context(db, hooks=hooks)
+    now = await db_now(db)
+    job_id = await insert_running(db, now, **overdue(now))
+
+    result, seen = await run_and_collect_events(hooks, ctx, branch, expected=1)
+
+    assert [job.id for job in result.rescued] == [job_id]
+    assert [(type(event), event.job.id, event.job.state) for event in seen] == [
+        (JobRescued, job_id, "retryable")
+    ]
+    assert seen[0].reason is reason
+
+
 # -- in-flight cancellation from the rescue branches (database) -----------------
 
 

@@ -208,3 +208,26 @@ async def test_drained_and_vanished_queues_stop_reporting_old_values(
     assert depths[("drained", "running")] == 1 and depths[("drained", "available")] == 0
     assert {state: depths[("gone", state)] for state in queue_stats.DEPTH_STATES} == dict.fromkeys(
         queue_stats.DEPTH_STATES, 0)
+
+
+async def test_metric_names_and_attribute_keys_are_upstreams(
+    db, awa_client, meter_provider, metric_reader
+):
+    """Dashboards and alerts built for Awa query these exact strings; the
+    other tests use the constants, so a renamed constant would go unnoticed."""
+    ctx = await make_context(db, meter_provider=meter_provider)
+    job_id = await insert(awa_client, "named")
+    await db.execute(
+        "UPDATE awa.jobs_hot SET run_at = now() - interval '30 seconds' WHERE id = $1", job_id
+    )
+    await flush_admin_cache(ctx)
+
+    await queue_stats.run_once(ctx)
+
+    depth = metric_points(metric_reader, "awa.queue.depth")
+    assert depth and all(set(attrs) == {"awa.job.queue", "awa.job.state"} for attrs, _ in depth)
+    assert {attrs["awa.job.queue"] for attrs, _ in depth} == {"named"}
+    assert {attrs["awa.job.state"]: point.value for attrs, point in depth}["available"] == 1
+    lag = metric_points(metric_reader, "awa.queue.lag")
+    assert [attrs for attrs, _ in lag] == [{"awa.job.queue": "named"}]
+    assert lag[0][1].value >= 30

@@ -11,6 +11,7 @@ import uuid
 from datetime import datetime, timedelta
 
 import asyncpg
+import pytest
 import trio
 
 from awa_trio.branches import rescue_callbacks, rescue_deadlines, rescue_heartbeats
@@ -375,6 +376,36 @@ async def test_callback_rescue_takes_at_most_500_rows_per_pass(db):
     assert len((await rescue_callbacks.run_once(ctx)).rescued) == 500
     assert len((await rescue_callbacks.run_once(ctx)).rescued) == 1
     assert len((await rescue_callbacks.run_once(ctx)).rescued) == 0
+
+
+@pytest.mark.parametrize(
+    ("branch", "arrange", "from_state"),
+    [
+        (rescue_deadlines,
+         lambda db, now: insert_running(db, now, heartbeat_at=now,
+                                        deadline_at=now - timedelta(seconds=1)),
+         "running"),
+        (rescue_callbacks, lambda db, now: insert_waiting(db, now), "waiting_external"),
+    ],
+    ids=["deadline", "callback"],
+)
+async def test_deadline_and_callback_rescues_skip_rows_locked_by_others(
+    db, branch, arrange, from_state
+):
+    """As for heartbeats: a row another transaction holds (a worker finishing
+    it, a callback arriving) is left for a later pass instead of blocking
+    this one."""
+    ctx = await make_context(db)
+    now = await db_now(db)
+    locked = await arrange(db, now)
+    free = await arrange(db, now)
+    async with db.transaction() as conn:
+        await conn.execute("SELECT id FROM awa.jobs_hot WHERE id = $1 FOR UPDATE", locked)
+        with trio.fail_after(10):
+            result = await branch.run_once(ctx)
+    assert [job.id for job in result.rescued] == [free]
+    assert (await job_snapshot(db, locked))["state"] == from_state
+    assert [job.id for job in (await branch.run_once(ctx)).rescued] == [locked]
 
 
 # -- metrics -------------------------------------------------------------------

@@ -16,12 +16,14 @@ from test_rescue import (
     assert_error_entry,
     db_now,
     insert_running,
+    insert_waiting,
     job_snapshot,
     make_context,
     rescue_counts,
 )
 
-from awa_trio.branches import rescue_callbacks, rescue_deadlines, rescue_heartbeats
+from awa_trio.branches import rescue, rescue_callbacks, rescue_deadlines, rescue_heartbeats
+from awa_trio.branches.rescue import RescueResult
 from awa_trio.config import MaintenanceConfig
 from awa_trio.hooks import Hooks, JobCancelled, JobRescued
 
@@ -243,3 +245,48 @@ async def test_per_row_rescue_rechecks_the_predicate(db, awa_client):
     assert [job.id for job in result.duplicates_cancelled] == [a]
     assert result.rescued == []
     assert (await job_snapshot(db, recovered))["state"] == "running"
+
+
+COMPLETE_BY_HAND_SQL = """
+    UPDATE awa.jobs_hot
+    SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL
+    WHERE id = $1 AND state = 'running'
+"""
+
+
+@pytest.mark.parametrize(
+    "sweep",
+    [rescue_heartbeats.SWEEP, rescue_deadlines.SWEEP, rescue_callbacks.SWEEP],
+    ids=["heartbeat", "deadline", "callback"],
+)
+async def test_duplicate_cancellation_leaves_a_job_that_finished_meanwhile_alone(
+    db, awa_client, sweep
+):
+    """Between the failed per-row rescue and the cancellation the worker may
+    finish the job: the cancel is guarded by the state the sweep found, so a
+    completed job stays completed and is not reported as cancelled."""
+    finished, newer = await superseded_pair(db, awa_client, 45, MASK_WITHOUT_RUNNING)
+    assert await db.execute(COMPLETE_BY_HAND_SQL, finished) == "UPDATE 1"
+    now = await db_now(db)
+    # Control: a job still in the sweep's state is cancelled by the same call.
+    if sweep.from_state == "waiting_external":
+        still_parked = await insert_waiting(db, now)
+    else:
+        still_parked = await insert_running(db, now)
+    before = {job_id: await job_snapshot(db, job_id) for job_id in (finished, newer)}
+    ctx = await make_context(db)
+    result = RescueResult()
+
+    await rescue.cancel_duplicate(ctx, sweep, finished, result)
+    await rescue.cancel_duplicate(ctx, sweep, still_parked, result)
+
+    assert await job_snapshot(db, finished) == before[finished]
+    assert await job_snapshot(db, newer) == before[newer]
+    assert await claims(db) == [(before[newer]["unique_key"], newer)]
+    assert [job.id for job in result.duplicates_cancelled] == [still_parked]
+    assert (await job_snapshot(db, still_parked))["state"] == "cancelled"
+    assert result.skipped == []
+    # The statement itself, as the fallback runs it: no row for a finished job.
+    assert await db.fetchrow(
+        rescue.CANCEL_DUPLICATE_SQL, finished, sweep.from_state, sweep.duplicate_error
+    ) is None

@@ -1,0 +1,86 @@
+"""The branch registry: which branches lead a canonical database, and that
+each one ticks at its own configured interval (a swapped field would make,
+say, promotion run every minute and cleanup four times a second)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from awa_trio.branches import (
+    admin_metadata,
+    batch_operations,
+    cleanup,
+    priority_aging,
+    promote,
+    queue_stats,
+    rescue_callbacks,
+    rescue_deadlines,
+    rescue_heartbeats,
+)
+from awa_trio.branches.registry import canonical_branches, default_branches
+from awa_trio.config import INTERVAL, MaintenanceConfig
+from awa_trio.cron import evaluate_cron_schedules, sync_periodic_jobs
+from awa_trio.schema import CANONICAL, QUEUE_STORAGE, SchemaInfo
+
+# Branch name -> (config field of its interval, its body).
+EXPECTED = {
+    "rescue_stale_heartbeats": ("heartbeat_rescue_interval", rescue_heartbeats.run_once),
+    "rescue_expired_deadlines": ("deadline_rescue_interval", rescue_deadlines.run_once),
+    "rescue_expired_callbacks": ("callback_rescue_interval", rescue_callbacks.run_once),
+    "promote_scheduled": ("promote_interval", promote.run_once),
+    "cleanup": ("cleanup_interval", cleanup.run_once),
+    "priority_aging": ("priority_aging_interval", priority_aging.run_once),
+    "recompute_dirty_admin_metadata": (
+        "dirty_key_recompute_interval", admin_metadata.run_recompute_dirty),
+    "refresh_admin_metadata": ("metadata_reconciliation_interval", admin_metadata.run_refresh),
+    "queue_stats": ("queue_stats_interval", queue_stats.run_once),
+    "batch_operations": ("batch_operations_interval", batch_operations.run_once),
+    "cron_sync": ("cron_sync_interval", sync_periodic_jobs),
+    "cron_eval": ("cron_eval_interval", evaluate_cron_schedules),
+}
+
+
+def distinct_intervals() -> MaintenanceConfig:
+    """Every interval field a different value, so each spec can only match its own."""
+    fields = [f.name for f in dataclasses.fields(MaintenanceConfig)
+              if f.metadata["kind"] == INTERVAL]
+    return MaintenanceConfig(**{name: 1000 + 7 * n for n, name in enumerate(fields)})
+
+
+def test_canonical_branches_are_exactly_the_upstream_set():
+    names = [spec.name for spec in canonical_branches(MaintenanceConfig())]
+    assert len(names) == len(set(names))
+    assert sorted(names) == sorted(EXPECTED)
+
+
+def test_each_branch_ticks_at_its_own_config_interval():
+    config = distinct_intervals()
+    intervals = {getattr(config, field) for field, _ in EXPECTED.values()}
+    assert len(intervals) == len(EXPECTED)
+
+    specs = {spec.name: spec for spec in canonical_branches(config)}
+
+    assert {name: spec.interval for name, spec in specs.items()} == {
+        name: getattr(config, field) for name, (field, _) in EXPECTED.items()
+    }
+    assert {name: spec.run_once for name, spec in specs.items()} == {
+        name: body for name, (_, body) in EXPECTED.items()
+    }
+
+
+def test_only_cron_branches_change_the_tick_policy():
+    """cron_sync runs on election; cron_eval is never skipped by overrun
+    cooldown; every other branch waits one interval and has a cooldown."""
+    specs = {spec.name: spec for spec in canonical_branches(MaintenanceConfig())}
+    assert {name for name, spec in specs.items() if spec.run_immediately} == {"cron_sync"}
+    assert {name for name, spec in specs.items() if not spec.cooldown} == {"cron_eval"}
+
+
+def test_default_branches_are_canonical_only():
+    config = distinct_intervals()
+    assert default_branches(config, SchemaInfo(version=39, engine=CANONICAL)) == (
+        canonical_branches(config))
+    with pytest.raises(ValueError, match="queue_storage"):
+        default_branches(config, SchemaInfo(version=39, engine=QUEUE_STORAGE))
