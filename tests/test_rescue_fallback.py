@@ -260,7 +260,7 @@ COMPLETE_BY_HAND_SQL = """
     ids=["heartbeat", "deadline", "callback"],
 )
 async def test_duplicate_cancellation_leaves_a_job_that_finished_meanwhile_alone(
-    db, awa_client, sweep
+    db, awa_client, sweep, caplog
 ):
     """Between the failed per-row rescue and the cancellation the worker may
     finish the job: the cancel is guarded by the state the sweep found, so a
@@ -277,8 +277,9 @@ async def test_duplicate_cancellation_leaves_a_job_that_finished_meanwhile_alone
     ctx = await make_context(db)
     result = RescueResult()
 
-    await rescue.cancel_duplicate(ctx, sweep, finished, result)
-    await rescue.cancel_duplicate(ctx, sweep, still_parked, result)
+    with caplog.at_level(logging.INFO, logger="awa_trio"):
+        await rescue.cancel_duplicate(ctx, sweep, finished, result)
+        await rescue.cancel_duplicate(ctx, sweep, still_parked, result)
 
     assert await job_snapshot(db, finished) == before[finished]
     assert await job_snapshot(db, newer) == before[newer]
@@ -286,6 +287,10 @@ async def test_duplicate_cancellation_leaves_a_job_that_finished_meanwhile_alone
     assert [job.id for job in result.duplicates_cancelled] == [still_parked]
     assert (await job_snapshot(db, still_parked))["state"] == "cancelled"
     assert result.skipped == []
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(f"job {finished} left '{sweep.from_state}' before it could be cancelled" in m
+               for m in messages)
+    assert not any(f"cancelled job {finished} " in m for m in messages)
     # The statement itself, as the fallback runs it: no row for a finished job.
     assert await db.fetchrow(
         rescue.CANCEL_DUPLICATE_SQL, finished, sweep.from_state, sweep.duplicate_error

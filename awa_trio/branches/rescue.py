@@ -274,11 +274,6 @@ async def cancel_duplicate(
     ctx: MaintenanceContext, sweep: RescueSweep, job_id: int, result: RescueResult
 ) -> None:
     holder = await unique_claim_holder(ctx, job_id)
-    log.warning(
-        "%s: rescuing job %d conflicts with the unique claim held by job %s; "
-        "cancelling job %d as a superseded duplicate",
-        sweep.name, job_id, _holder_text(holder), job_id,
-    )
     try:
         record = await ctx.db.fetchrow(
             CANCEL_DUPLICATE_SQL, job_id, sweep.from_state, sweep.duplicate_error)
@@ -295,8 +290,16 @@ async def cancel_duplicate(
                   sweep.name, job_id, exc)
         result.skipped.append(job_id)
         return
-    if record is not None:
-        result.duplicates_cancelled.append(JobRow.from_record(record))
+    if record is None:
+        log.info("%s: job %d left %r before it could be cancelled as a duplicate; "
+                 "leaving it as it is", sweep.name, job_id, sweep.from_state)
+        return
+    log.warning(
+        "%s: rescuing job %d conflicts with the unique claim held by job %s; "
+        "cancelled job %d as a superseded duplicate",
+        sweep.name, job_id, _holder_text(holder), job_id,
+    )
+    result.duplicates_cancelled.append(JobRow.from_record(record))
 
 
 async def unique_claim_holder(ctx: MaintenanceContext, job_id: int) -> int | None:
