@@ -31,7 +31,7 @@ from .config import (
     MaintenanceConfig,
     RetentionPolicy,
     format_duration,
-    parse_duration,
+    retention_policy_from,
 )
 from .cron import (
     PeriodicJob,
@@ -145,28 +145,27 @@ def parse_queue_retention(text: str) -> tuple[str, RetentionPolicy]:
             f"queue retention {text!r} must look like QUEUE=COMPLETED[,FAILED[,DLQ]]"
         )
     names = ("completed", "failed", "dlq")
-    kwargs = {
-        name: parse_duration(value, field=f"queue retention {queue.strip()}.{name}")
-        for name, value in zip(names, parts)
-        if value
-    }
-    return queue.strip(), RetentionPolicy(**kwargs)
+    values = {name: value for name, value in zip(names, parts) if value}
+    return queue.strip(), retention_policy_from(values, field=f"queue retention {queue.strip()}")
 
 
-def _parse_switch(text: str, what: str) -> bool:
+def parse_switch(text: str, what: str) -> bool:
+    """on/off (or true/false, yes/no, 1/0) from a flag or the environment, as a
+    real bool: DlqPolicy refuses strings, since ``"no"`` is truthy."""
     lowered = str(text).strip().lower()
     if lowered in ("on", "true", "yes", "1"):
         return True
     if lowered in ("off", "false", "no", "0"):
         return False
-    raise ConfigError(f"{what} must be on or off, not {text!r}")
+    raise ConfigError(f"{what} must be on or off (or true/false, yes/no, 1/0), not {text!r}")
 
 
-def parse_dlq_queue(text: str) -> tuple[str, bool]:
+def parse_dlq_queue(text: str, *, source: str = "--dlq-queue") -> tuple[str, bool]:
+    """``emails=on`` -> ("emails", True); errors name ``source`` and the queue."""
     queue, sep, value = text.partition("=")
     if not sep or not queue.strip():
-        raise ConfigError(f"dlq queue {text!r} must look like QUEUE=on|off")
-    return queue.strip(), _parse_switch(value, f"dlq queue {queue.strip()}")
+        raise ConfigError(f"{source} {text!r} must look like QUEUE=on|off")
+    return queue.strip(), parse_switch(value, f"{source} {queue.strip()}")
 
 
 def load_config_file(path: str) -> dict[str, Any]:
@@ -199,12 +198,12 @@ def _settings_from_file(document: Mapping[str, Any], path: str) -> dict[str, Any
         for queue, policy in retention.items():
             if not isinstance(policy, Mapping):
                 raise ConfigError(f"{path}: [queue_retention.{queue}] must be a table")
-            try:
-                overrides[queue] = RetentionPolicy(**policy)
-            except TypeError as exc:
-                raise ConfigError(f"{path}: [queue_retention.{queue}]: {exc}") from None
+            overrides[queue] = retention_policy_from(policy, field=f"{path}: queue_retention.{queue}")
         values["queue_retention_overrides"] = overrides
     if "dlq_policy" in document:
+        # TOML has real booleans; DlqPolicy rejects anything else (e.g. "no").
+        if not isinstance(document["dlq_policy"], Mapping):
+            raise ConfigError(f"{path}: [dlq_policy] must be a table")
         values["dlq_policy"] = document["dlq_policy"]
     return values
 
@@ -248,20 +247,28 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         overrides.update(parse_queue_retention(spec) for spec in retention_specs)
         values["queue_retention_overrides"] = overrides
 
-    dlq_specs = args.dlq_queue
-    if dlq_specs is None and environ.get("AWA_DLQ_QUEUES"):
-        dlq_specs = [s for s in re.split(r"[;,]", environ["AWA_DLQ_QUEUES"]) if s.strip()]
-    dlq_default = args.dlq_enabled_default or environ.get("AWA_DLQ_ENABLED_DEFAULT")
+    dlq_specs = [(spec, "--dlq-queue") for spec in args.dlq_queue or ()]
+    if args.dlq_queue is None and environ.get("AWA_DLQ_QUEUES"):
+        dlq_specs = [(s, "AWA_DLQ_QUEUES") for s in re.split(r"[;,]", environ["AWA_DLQ_QUEUES"])
+                     if s.strip()]
+    dlq_default = None
+    if args.dlq_enabled_default is not None:
+        dlq_default = parse_switch(args.dlq_enabled_default, "--dlq-enabled-default")
+    elif environ.get("AWA_DLQ_ENABLED_DEFAULT", "").strip():
+        dlq_default = parse_switch(environ["AWA_DLQ_ENABLED_DEFAULT"], "AWA_DLQ_ENABLED_DEFAULT")
     if dlq_specs or dlq_default is not None:
-        base = values.get("dlq_policy") or {}
-        if isinstance(base, DlqPolicy):
-            base = {"enabled_default": base.enabled_default, "overrides": dict(base.overrides)}
-        policy = {"enabled_default": base.get("enabled_default", False),
-                  "overrides": dict(base.get("overrides", {}))}
-        if dlq_default is not None:
-            policy["enabled_default"] = _parse_switch(dlq_default, "dlq enabled default")
-        policy["overrides"].update(parse_dlq_queue(spec) for spec in dlq_specs or ())
-        values["dlq_policy"] = policy
+        base = values.get("dlq_policy", {})
+        if isinstance(base, Mapping):  # the file's table, validated before merging
+            try:
+                base = DlqPolicy(**base)
+            except TypeError as exc:
+                raise ConfigError(f"dlq_policy: {exc}") from None
+        overrides = dict(base.overrides)
+        overrides.update(parse_dlq_queue(spec, source=source) for spec, source in dlq_specs)
+        values["dlq_policy"] = DlqPolicy(
+            enabled_default=base.enabled_default if dlq_default is None else dlq_default,
+            overrides=overrides,
+        )
 
     try:
         config = MaintenanceConfig(**values)

@@ -125,6 +125,15 @@ def _require_count(field: str, value: Any) -> int:
     return value
 
 
+_RETENTION_FIELDS = ("completed", "failed", "dlq")
+
+
+def _retention_seconds(field: str, value: Any) -> float:
+    seconds = parse_duration(value, field=field)
+    _require_non_negative(field, seconds)
+    return seconds
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RetentionPolicy:
     """Retention for one queue; overrides the global retention for that queue."""
@@ -137,14 +146,32 @@ class RetentionPolicy:
     dlq: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("completed", "failed"):
-            value = parse_duration(getattr(self, name), field=f"retention.{name}")
-            _require_non_negative(f"retention.{name}", value)
-            object.__setattr__(self, name, value)
-        if self.dlq is not None:
-            value = parse_duration(self.dlq, field="retention.dlq")
-            _require_non_negative("retention.dlq", value)
-            object.__setattr__(self, "dlq", value)
+        for name in _RETENTION_FIELDS:
+            value = getattr(self, name)
+            if name == "dlq" and value is None:
+                continue
+            object.__setattr__(self, name, _retention_seconds(f"retention.{name}", value))
+
+
+def retention_policy_from(values: Mapping[str, Any], *, field: str) -> RetentionPolicy:
+    """A RetentionPolicy from a mapping (TOML table, dict, flag), with errors
+    prefixed by ``field`` so they say which queue is wrong."""
+    for name in values:
+        if name not in _RETENTION_FIELDS:
+            raise ConfigError(
+                f"{field}: unknown retention setting {name!r} (use completed, failed, dlq)"
+            )
+    return RetentionPolicy(**{
+        name: None if name == "dlq" and value is None else _retention_seconds(f"{field}.{name}", value)
+        for name, value in values.items()
+    })
+
+
+def _require_switch(field: str, value: Any) -> bool:
+    # A string such as "no" is truthy: accepting it would silently mean "on".
+    if not isinstance(value, bool):
+        raise ConfigError(f"{field} must be true or false, got {value!r}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -157,6 +184,13 @@ class DlqPolicy:
     overrides: Mapping[str, bool] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _require_switch("dlq_policy.enabled_default", self.enabled_default)
+        if not isinstance(self.overrides, Mapping):
+            raise ConfigError("dlq_policy.overrides must map queue names to true or false")
+        for queue, enabled in self.overrides.items():
+            if not isinstance(queue, str) or not queue:
+                raise ConfigError("dlq_policy.overrides keys must be queue names")
+            _require_switch(f"dlq_policy.overrides[{queue!r}]", enabled)
         object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
 
     def enabled_for(self, queue: str) -> bool:
@@ -301,10 +335,7 @@ class MaintenanceConfig:
             if not isinstance(queue, str) or not queue:
                 raise ConfigError("queue_retention_overrides keys must be queue names")
             if isinstance(policy, Mapping):
-                try:
-                    policy = RetentionPolicy(**policy)
-                except TypeError as exc:
-                    raise ConfigError(f"queue_retention_overrides[{queue!r}]: {exc}") from None
+                policy = retention_policy_from(policy, field=f"queue_retention_overrides[{queue!r}]")
             if not isinstance(policy, RetentionPolicy):
                 raise ConfigError(
                     f"queue_retention_overrides[{queue!r}] must be a RetentionPolicy"

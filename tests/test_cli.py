@@ -1,7 +1,9 @@
 """`python -m awa_trio`: settings, one-line errors, signals."""
 
 import dataclasses
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,7 +12,7 @@ import pytest
 import trio
 
 from awa_trio.cli import env_name, flag_name, resolve
-from awa_trio.config import COUNT, INTERVAL, RETENTION, MaintenanceConfig, RetentionPolicy
+from awa_trio.config import COUNT, INTERVAL, RETENTION, DlqPolicy, MaintenanceConfig, RetentionPolicy
 from awa_trio.errors import ConfigError
 from support.helpers import leader_lock_holders
 
@@ -27,6 +29,25 @@ async def run_cli(*args, env=None, timeout=30):
             [sys.executable, "-m", "awa_trio", *args],
             capture_stdout=True, capture_stderr=True, check=False, env=environ,
         )
+
+
+async def read_stderr_until(process, logs: bytes, marker: bytes, timeout=20) -> bytes:
+    """Logs read so far plus more, up to and including ``marker``."""
+    with trio.fail_after(timeout):
+        while marker not in logs:
+            chunk = await process.stderr.receive_some()
+            assert chunk, logs.decode()
+            logs += chunk
+    return logs
+
+
+async def stop_and_collect(process, logs: bytes, signum=signal.SIGTERM) -> bytes:
+    process.send_signal(signum)
+    with trio.fail_after(10):
+        async for chunk in process.stderr:
+            logs += chunk
+        await process.wait()
+    return logs
 
 
 async def test_help_lists_every_setting_with_env_var_and_default():
@@ -67,6 +88,41 @@ def test_flags_beat_environment_which_beats_the_file(tmp_path):
     assert resolve([], environ={}).database_url == "postgresql://localhost:5432/awa"
 
 
+def test_database_url_flag_beats_awa_database_url_which_beats_database_url_and_the_file(tmp_path):
+    config_file = tmp_path / "awa.toml"
+    config_file.write_text('database_url = "postgresql://file/db"\n')
+    both = {"AWA_DATABASE_URL": "postgresql://awa-env/db", "DATABASE_URL": "postgresql://env/db"}
+    assert resolve(["--config", str(config_file)], environ=both).database_url == "postgresql://awa-env/db"
+    assert resolve(
+        ["--config", str(config_file), "--database-url", "postgresql://flag/db"], environ=both,
+    ).database_url == "postgresql://flag/db"
+    assert resolve(
+        ["--config", str(config_file)], environ={"DATABASE_URL": "postgresql://env/db"},
+    ).database_url == "postgresql://env/db"
+
+
+UNREACHABLE_URL = "postgresql://postgres@127.0.0.1:1/awa"
+
+
+async def test_database_url_precedence_decides_which_server_the_cli_uses(empty_database_url):
+    # An unreachable URL and a schema-less one fail differently, so the
+    # error line shows which variable won.
+    awa_env_wins = await run_cli(env={"AWA_DATABASE_URL": UNREACHABLE_URL, "DATABASE_URL": empty_database_url})
+    assert awa_env_wins.returncode == 1
+    assert one_line(awa_env_wins.stderr).startswith(f"awa_trio: cannot use database {UNREACHABLE_URL}: ")
+
+    awa_env_wins = await run_cli(env={"AWA_DATABASE_URL": empty_database_url, "DATABASE_URL": UNREACHABLE_URL})
+    assert awa_env_wins.returncode == 1
+    assert one_line(awa_env_wins.stderr).startswith("awa_trio: no awa schema in this database")
+
+    flag_wins = await run_cli(
+        "--database-url", empty_database_url,
+        env={"AWA_DATABASE_URL": UNREACHABLE_URL, "DATABASE_URL": UNREACHABLE_URL},
+    )
+    assert flag_wins.returncode == 1
+    assert one_line(flag_wins.stderr).startswith("awa_trio: no awa schema in this database")
+
+
 def test_queue_retention_and_dlq_flags():
     config = resolve(
         ["--queue-retention", "emails=1h", "--queue-retention", "audit=30d,90d,365d",
@@ -79,6 +135,77 @@ def test_queue_retention_and_dlq_flags():
     assert config.dlq_policy.enabled_for("emails") and not config.dlq_policy.enabled_for("other")
 
 
+async def test_queue_retention_and_dlq_from_the_environment_and_flags_beat_them():
+    env = {
+        "AWA_QUEUE_RETENTION": "emails=1h;audit=30d,90d,365d",
+        "AWA_DLQ_QUEUES": "emails=on,audit=no",
+        "AWA_DLQ_ENABLED_DEFAULT": "yes",
+    }
+    from_env = await run_cli("--print-config", env=env)
+    assert from_env.returncode == 0, from_env.stderr
+    printed = json.loads(from_env.stdout)
+    assert printed["queue_retention_overrides"] == {
+        "emails": {"completed": 3600.0, "failed": 72 * 3600.0, "dlq": None},
+        "audit": {"completed": 30 * 86400.0, "failed": 90 * 86400.0, "dlq": 365 * 86400.0},
+    }
+    assert printed["dlq_policy"] == {"enabled_default": True, "overrides": {"emails": True, "audit": False}}
+
+    # A flag replaces the whole environment value of the same setting.
+    from_flags = await run_cli(
+        "--print-config", "--queue-retention", "emails=2h", "--dlq-queue", "audit=on",
+        "--dlq-enabled-default", "off", env=env,
+    )
+    assert from_flags.returncode == 0, from_flags.stderr
+    printed = json.loads(from_flags.stdout)
+    assert printed["queue_retention_overrides"] == {
+        "emails": {"completed": 7200.0, "failed": 72 * 3600.0, "dlq": None}}
+    assert printed["dlq_policy"] == {"enabled_default": False, "overrides": {"audit": True}}
+
+
+def test_dlq_policy_from_the_file_needs_real_booleans_and_merges_with_the_environment(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text("[dlq_policy]\nenabled_default = true\n[dlq_policy.overrides]\nemails = false\n")
+    assert resolve(["--config", str(good)], environ={}).config.dlq_policy == DlqPolicy(
+        enabled_default=True, overrides={"emails": False})
+    merged = resolve(["--config", str(good)], environ={"AWA_DLQ_QUEUES": "audit=off"}).config.dlq_policy
+    assert merged == DlqPolicy(enabled_default=True, overrides={"emails": False, "audit": False})
+
+    for body, message in [
+        ('[dlq_policy]\nenabled_default = "no"\n',
+         r"^dlq_policy\.enabled_default must be true or false, got 'no'$"),
+        ('[dlq_policy.overrides]\nemails = "maybe"\n',
+         r"^dlq_policy\.overrides\['emails'\] must be true or false, got 'maybe'$"),
+        ('dlq_policy = "on"\n', r"bad\.toml: \[dlq_policy\] must be a table$"),
+    ]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text(body)
+        with pytest.raises(ConfigError, match=message):
+            resolve(["--config", str(bad)], environ={})
+        # The environment overriding the default does not hide a bad file value.
+        if "enabled_default" in body:
+            with pytest.raises(ConfigError, match=message):
+                resolve(["--config", str(bad)], environ={"AWA_DLQ_ENABLED_DEFAULT": "off"})
+
+
+async def test_string_dlq_switch_in_the_file_exits_2_instead_of_enabling_the_dlq(tmp_path):
+    config_file = tmp_path / "awa.toml"
+    config_file.write_text('[dlq_policy]\nenabled_default = "no"\n')
+    result = await run_cli("--config", str(config_file), "--print-config")
+    assert result.returncode == 2
+    assert one_line(result.stderr) == (
+        "awa_trio: invalid configuration: dlq_policy.enabled_default must be true or false, got 'no'")
+
+
+def test_bad_retention_in_the_file_names_the_queue(tmp_path):
+    config_file = tmp_path / "awa.toml"
+    config_file.write_text('[queue_retention.emails]\ncompleted = "soon"\n')
+    with pytest.raises(ConfigError, match=r"awa\.toml: queue_retention\.emails\.completed: cannot read 'soon'"):
+        resolve(["--config", str(config_file)], environ={})
+    config_file.write_text('[queue_retention.emails]\nkept = "1h"\n')
+    with pytest.raises(ConfigError, match=r"queue_retention\.emails: unknown retention setting 'kept'"):
+        resolve(["--config", str(config_file)], environ={})
+
+
 @pytest.mark.parametrize(
     "argv, environ, message",
     [
@@ -87,6 +214,13 @@ def test_queue_retention_and_dlq_flags():
         ([], {"AWA_HEARTBEAT_STALENESS": "soon"}, "heartbeat_staleness: cannot read 'soon'"),
         (["--queue-retention", "emails"], {}, "must look like QUEUE=COMPLETED"),
         (["--log-level", "loud"], {}, "log level must be"),
+        ([], {"AWA_QUEUE_RETENTION": "emails=soon"},
+         r"^queue retention emails\.completed: cannot read 'soon'"),
+        ([], {"AWA_DLQ_ENABLED_DEFAULT": "maybe"},
+         r"^AWA_DLQ_ENABLED_DEFAULT must be on or off \(or true/false, yes/no, 1/0\), not 'maybe'$"),
+        ([], {"AWA_DLQ_QUEUES": "emails=maybe"}, r"^AWA_DLQ_QUEUES emails must be on or off"),
+        (["--dlq-queue", "emails=maybe"], {}, r"^--dlq-queue emails must be on or off"),
+        (["--dlq-queue", "emails"], {}, r"^--dlq-queue 'emails' must look like QUEUE=on\|off$"),
     ],
 )
 def test_malformed_settings_name_the_field(argv, environ, message):
@@ -138,6 +272,17 @@ async def test_bad_url_unreachable_server_and_unsupported_schema_exit_1(empty_da
     assert "no awa schema in this database" in one_line(no_schema.stderr)
 
 
+async def test_unsupported_schema_version_exits_1_with_one_line(database_url, db):
+    await db.execute(
+        "INSERT INTO awa.schema_version (version, description) VALUES (41, 'from the future')")
+    result = await run_cli("--database-url", database_url)
+    assert result.returncode == 1
+    assert one_line(result.stderr) == (
+        "awa_trio: awa schema version 41 is not supported (supported: 39, 40); "
+        "upgrade awa_trio or pin awa-pg"
+    )
+
+
 async def test_migrate_installs_the_schema_with_awa_pg(empty_database_url):
     result = await run_cli("migrate", "--database-url", empty_database_url, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -168,17 +313,9 @@ async def test_signal_releases_the_lock_and_exits_zero(database_url, db, signum)
     )
     logs = b""
     try:
-        with trio.fail_after(20):
-            while b"elected maintenance leader" not in logs:
-                chunk = await process.stderr.receive_some()
-                assert chunk, logs.decode()
-                logs += chunk
+        logs = await read_stderr_until(process, logs, b"elected maintenance leader")
         assert len(await leader_lock_holders(db)) == 1
-        process.send_signal(signum)
-        with trio.fail_after(10):
-            async for chunk in process.stderr:
-                logs += chunk
-            await process.wait()
+        logs = await stop_and_collect(process, logs, signum)
     finally:
         if process.returncode is None:
             process.kill()
@@ -188,6 +325,32 @@ async def test_signal_releases_the_lock_and_exits_zero(database_url, db, signum)
     assert "released maintenance leader lock" in text
     assert "Traceback" not in text
     assert await leader_lock_holders(db) == []
+
+
+async def test_run_logs_leadership_changes_and_branch_work(database_url, db):
+    job_id = await db.fetchval(
+        "INSERT INTO awa.scheduled_jobs (kind, queue, state, run_at) "
+        "VALUES ('due', 'logged', 'scheduled', now() - interval '1 second') RETURNING id"
+    )
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "awa_trio", "--database-url", database_url,
+         "--leader-election-interval", "200ms", "--promote-interval", "50ms"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        logs = await read_stderr_until(process, b"", b"promote_scheduled: promoted 1 scheduled jobs")
+        logs = await stop_and_collect(process, logs)
+    finally:
+        if process.returncode is None:
+            process.kill()
+    text = logs.decode()
+    assert process.returncode == 0, text
+    assert re.search(r"INFO awa_trio\.leadership: elected maintenance leader \(lock backend pid \d+\)", text)
+    assert re.search(r"INFO awa_trio\S*: maintenance branches started: .*\bpromote_scheduled\b", text)
+    assert re.search(r"INFO awa_trio\S*: promote_scheduled: promoted 1 scheduled jobs$", text, re.M)
+    assert "released maintenance leader lock" in text
+    assert "Traceback" not in text
+    assert await db.fetchval("SELECT state::text FROM awa.jobs WHERE id = $1", job_id) == "available"
 
 
 async def test_periodic_jobs_from_file_and_flag_are_registered_and_fired(database_url, db, tmp_path):

@@ -56,9 +56,17 @@ def test_format_duration_reads_like_an_operator_writes():
         ({"cleanup_batch_size": 0}, "cleanup_batch_size must be > 0"),
         ({"pool_size": 2.5}, "pool_size must be an integer"),
         ({"leader_check_interval": float("nan")}, "leader_check_interval must be finite"),
-        ({"queue_retention_overrides": {"q": {"completed": "soon"}}}, "retention.completed: cannot read"),
-        ({"queue_retention_overrides": {"q": {"kept": "1h"}}}, r"queue_retention_overrides\['q'\]"),
+        ({"queue_retention_overrides": {"q": {"completed": "soon"}}},
+         r"^queue_retention_overrides\['q'\]\.completed: cannot read 'soon' as a duration"),
+        ({"queue_retention_overrides": {"q": {"failed": -1}}},
+         r"^queue_retention_overrides\['q'\]\.failed must be >= 0$"),
+        ({"queue_retention_overrides": {"q": {"kept": "1h"}}},
+         r"^queue_retention_overrides\['q'\]: unknown retention setting 'kept'"),
         ({"dlq_policy": {"enabled": True}}, "dlq_policy"),
+        ({"dlq_policy": {"enabled_default": "no"}},
+         r"^dlq_policy\.enabled_default must be true or false, got 'no'$"),
+        ({"dlq_policy": {"overrides": {"q": "maybe"}}},
+         r"^dlq_policy\.overrides\['q'\] must be true or false, got 'maybe'$"),
     ],
 )
 def test_invalid_values_fail_at_construction_naming_the_field(changes, message):
@@ -84,3 +92,31 @@ def test_zero_descriptor_retention_means_disabled_and_is_valid():
 def test_dlq_policy_overrides():
     policy = DlqPolicy(enabled_default=False, overrides={"emails": True})
     assert policy.enabled_for("emails") and not policy.enabled_for("other")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"enabled_default": "no"}, r"^dlq_policy\.enabled_default must be true or false, got 'no'$"),
+        ({"enabled_default": 1}, r"^dlq_policy\.enabled_default must be true or false, got 1$"),
+        ({"enabled_default": None}, r"^dlq_policy\.enabled_default must be true or false, got None$"),
+        ({"overrides": {"emails": "maybe"}},
+         r"^dlq_policy\.overrides\['emails'\] must be true or false, got 'maybe'$"),
+        ({"overrides": {"emails": 0}}, r"^dlq_policy\.overrides\['emails'\] must be true or false, got 0$"),
+        ({"overrides": {"": True}}, r"^dlq_policy\.overrides keys must be queue names$"),
+        ({"overrides": ["emails"]}, r"^dlq_policy\.overrides must map queue names"),
+    ],
+)
+def test_dlq_policy_accepts_only_booleans(kwargs, message):
+    # "no" is a truthy string: accepted, it would have switched the DLQ on.
+    with pytest.raises(ConfigError, match=message):
+        DlqPolicy(**kwargs)
+
+
+def test_dlq_policy_booleans_are_kept():
+    policy = MaintenanceConfig(
+        dlq_policy={"enabled_default": True, "overrides": {"emails": False}}).dlq_policy
+    assert policy == DlqPolicy(enabled_default=True, overrides={"emails": False})
+    assert policy.enabled_for("other") and not policy.enabled_for("emails")
+    with pytest.raises(TypeError):
+        policy.overrides["other"] = True
