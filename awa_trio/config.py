@@ -56,6 +56,7 @@ DEFAULT_BRANCH_RESTART_WINDOW = 60 * SECOND
 DEFAULT_BRANCH_TIMEOUT = 300 * SECOND
 DEFAULT_LOCK_TIMEOUT = 30 * SECOND
 DEFAULT_POOL_SIZE = 8
+DEFAULT_LOCK_KEEPALIVE = 30 * SECOND
 DEFAULT_HOOK_TIMEOUT = 30 * SECOND
 DEFAULT_HOOK_CONCURRENCY = 16
 DEFAULT_HOOK_QUEUE_SIZE = 1000
@@ -306,6 +307,11 @@ class MaintenanceConfig:
         "error instead of a silent stall.")
     pool_size: int = setting(
         DEFAULT_POOL_SIZE, COUNT, "Connections in the shared pool (the lock has its own).")
+    lock_keepalive: float = setting(
+        DEFAULT_LOCK_KEEPALIVE, RETENTION,
+        "How long the server keeps the lock of a leader whose network went silent before it "
+        "drops the session and frees the lock for another node (server-side TCP keepalive "
+        "and user timeout of the lock connection); 0 leaves the OS defaults (hours).")
     hook_timeout: float = setting(
         DEFAULT_HOOK_TIMEOUT, INTERVAL, "Longest a lifecycle hook handler may run before it is cancelled.")
     hook_concurrency: int = setting(

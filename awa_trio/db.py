@@ -221,11 +221,17 @@ class Database:
         async with self.acquire() as conn, conn.transaction():
             yield conn
 
-    async def connect_dedicated(self, *, application_name: str = APPLICATION_NAME) -> Connection:
-        """A connection outside the pool (the leader lock lives on one).
-        The caller must ``close()`` it."""
+    async def connect_dedicated(
+        self,
+        *,
+        application_name: str = APPLICATION_NAME,
+        server_settings: dict[str, str] | None = None,
+    ) -> Connection:
+        """A connection outside the pool (the leader lock lives on one), with
+        extra session settings. The caller must ``close()`` it."""
         kwargs = dict(self._connect_kwargs)
         settings = dict(kwargs.pop("server_settings", {}))
+        settings.update(server_settings or {})
         settings["application_name"] = application_name
         raw = await self._call(asyncpg.connect, self.dsn, server_settings=settings, **kwargs)
         try:

@@ -21,6 +21,12 @@ cancels that scope, so no branch body ever starts after the loss is known.
 The connection is watched two ways: a termination listener (server killed
 the backend, socket reset) fires at once; a ``pg_locks`` query every
 ``leader_check_interval`` catches a silent network loss.
+
+A silent partition has a second half: the server keeps a vanished leader's
+session, and with it the lock, until TCP gives up on the client, which with
+the OS defaults takes more than two hours; no node can lead meanwhile. The
+lock session therefore sets the server's keepalive and user timeout so the
+server drops it after about ``lock_keepalive``.
 """
 
 from __future__ import annotations
@@ -65,6 +71,24 @@ HOLDS_LOCK_SQL = """
           AND objsubid = 1
     )
 """
+
+
+def lock_keepalive_settings(budget: float) -> dict[str, str]:
+    """Server-side TCP settings that make the server drop the lock session
+    about ``budget`` seconds after its client went silent (idle + 4 probes,
+    and the same bound on unacknowledged data); empty for 0. PostgreSQL
+    ignores them on Unix-domain sockets, where a vanished client is seen at
+    once anyway."""
+    if budget <= 0:
+        return {}
+    idle = max(1, round(budget / 3))
+    interval = max(1, round((budget - idle) / 4))
+    return {
+        "tcp_keepalives_idle": str(idle),
+        "tcp_keepalives_interval": str(interval),
+        "tcp_keepalives_count": "4",
+        "tcp_user_timeout": str(max(1000, round(budget * 1000))),
+    }
 
 
 class TermOutcome(enum.Enum):
@@ -146,7 +170,10 @@ class LeaderElector:
         whether it now holds the lock."""
         try:
             if conn is None or conn.is_closed():
-                conn = await self._db.connect_dedicated(application_name=LOCK_APPLICATION_NAME)
+                conn = await self._db.connect_dedicated(
+                    application_name=LOCK_APPLICATION_NAME,
+                    server_settings=lock_keepalive_settings(self._config.lock_keepalive),
+                )
             acquired = bool(await conn.fetchval(TRY_LOCK_SQL, LOCK_KEY))
         except DatabaseError as exc:
             log.warning("leader election attempt failed: %s", exc)
@@ -202,8 +229,11 @@ class LeaderElector:
             try:
                 with trio.fail_after(check_timeout):
                     held = await lock.fetchval(HOLDS_LOCK_SQL, LOCK_KEY)
-            except (DatabaseError, trio.TooSlowError) as exc:
-                reason = f"lock check failed: {exc or type(exc).__name__}"
+            except DatabaseError as exc:
+                reason = f"lock check failed: {exc}"
+                break
+            except trio.TooSlowError:
+                reason = f"lock check failed: no answer within {check_timeout:g}s"
                 break
             if not held:
                 reason = "advisory lock no longer held by this session"

@@ -200,7 +200,7 @@ class ElectionRecorder:
         self.failures = failures
         self.attempts: list[tuple[float, str]] = []
 
-    async def connect_dedicated(self, *, application_name: str):
+    async def connect_dedicated(self, *, application_name: str, server_settings=None):
         if sum(1 for _, what in self.attempts if what == "connect failed") < self.failures:
             self.attempts.append((trio.current_time(), "connect failed"))
             raise ConnectionLost("connection refused")
@@ -267,3 +267,37 @@ async def test_tracker_state_starts_fresh_in_every_term(database_url, db, meter_
         assert probe.starts[3] - flipped_at < 0.8, "the old term's 1.6 s cooldown carried over"
         assert_bodies_ran_only_while_leading(service, probe)
         nursery.cancel_scope.cancel()
+
+
+async def test_the_server_drops_a_silent_leaders_lock_session_after_lock_keepalive(database_url, db):
+    """Server-side keepalive and user timeout on the lock session only: with
+    the OS defaults a partitioned leader's lock outlives it by hours."""
+    service = make_service(database_url, config=FAST.replace(lock_keepalive=12))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await service.wait_until_leader()
+        lock = service._elector.lock_connection
+        while True:
+            try:  # the lock watch may be using the connection right now
+                settings = {name: await lock.fetchval(f"SHOW {name}") for name in (
+                    "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
+                    "tcp_user_timeout")}
+                break
+            except Exception:
+                await trio.sleep(0.01)
+        assert settings == {"tcp_keepalives_idle": "4", "tcp_keepalives_interval": "2",
+                            "tcp_keepalives_count": "4", "tcp_user_timeout": "12000"}
+        # Pooled connections keep the OS defaults (7200 s idle on Linux).
+        assert await db.fetchval("SHOW tcp_keepalives_idle") != settings["tcp_keepalives_idle"]
+        nursery.cancel_scope.cancel()
+
+
+def test_lock_keepalive_settings_add_up_to_the_budget():
+    from awa_trio.leadership import lock_keepalive_settings
+
+    assert lock_keepalive_settings(0) == {}
+    for budget in (5, 12, 30, 90, 600):
+        settings = lock_keepalive_settings(budget)
+        total = int(settings["tcp_keepalives_idle"]) + 4 * int(settings["tcp_keepalives_interval"])
+        assert abs(total - budget) <= 2
+        assert settings["tcp_user_timeout"] == str(budget * 1000)
