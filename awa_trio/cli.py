@@ -121,9 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"{field.metadata['help']} (env {env_name(field.name)}; default {_default_text(field)})",
         )
     settings.add_argument(
-        "--queue-retention", action="append", default=None, metavar="QUEUE=COMPLETED[,FAILED[,DLQ]]",
+        "--queue-retention", "--queue-retention-overrides", dest="queue_retention",
+        action="append", default=None, metavar="QUEUE=COMPLETED[,FAILED[,DLQ]]",
         help="retention override for one queue, e.g. emails=1h,12h (repeatable; env "
-             "AWA_QUEUE_RETENTION, ';'-separated)",
+             "AWA_QUEUE_RETENTION or AWA_QUEUE_RETENTION_OVERRIDES, ';'-separated)",
     )
     settings.add_argument(
         "--dlq-queue", action="append", default=None, metavar="QUEUE=on|off",
@@ -240,8 +241,9 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
             values[field.name] = from_env
 
     retention_specs = args.queue_retention
-    if retention_specs is None and environ.get("AWA_QUEUE_RETENTION"):
-        retention_specs = [s for s in environ["AWA_QUEUE_RETENTION"].split(";") if s.strip()]
+    retention_env = environ.get("AWA_QUEUE_RETENTION") or environ.get("AWA_QUEUE_RETENTION_OVERRIDES")
+    if retention_specs is None and retention_env:
+        retention_specs = [s for s in retention_env.split(";") if s.strip()]
     if retention_specs:
         overrides = dict(values.get("queue_retention_overrides", {}))
         overrides.update(parse_queue_retention(spec) for spec in retention_specs)

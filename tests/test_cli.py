@@ -402,3 +402,13 @@ async def test_invalid_periodic_job_flag_exits_2_naming_the_schedule():
     assert result.returncode == 2
     line = one_line(result.stderr)
     assert line.startswith("awa_trio: invalid configuration:") and "'broken'" in line
+
+
+def test_queue_retention_is_also_reachable_under_the_seeds_field_name():
+    """Upstream's field is queue_retention_overrides: its dashed flag and
+    AWA_ variable work too."""
+    expected = {"emails": RetentionPolicy(completed=3600.0)}
+    by_flag = resolve(["--queue-retention-overrides", "emails=1h"], environ={})
+    assert dict(by_flag.config.queue_retention_overrides) == expected
+    by_env = resolve([], environ={"AWA_QUEUE_RETENTION_OVERRIDES": "emails=1h"})
+    assert dict(by_env.config.queue_retention_overrides) == expected
