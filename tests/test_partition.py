@@ -12,18 +12,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import trio
 
-from awa_trio import MaintenanceConfig, MaintenanceService
+from awa_trio import MaintenanceService
 from support.helpers import leader_lock_holders
 from support.probes import BodyRecorder, assert_bodies_ran_only_while_leading
 from support.proxy import postgres_proxy
-
-ELECTION = 0.2
-CHECK = 0.3
-FAST = MaintenanceConfig(
-    leader_election_interval=ELECTION,
-    leader_check_interval=CHECK,
-    promote_interval=0.05,
-)
+from test_leadership import CHECK, ELECTION, FAST
 
 
 def through(proxy, database_url: str) -> str:
