@@ -11,7 +11,13 @@ intervals:
   a 1 s and a 100 ms rescue tick: upstream updates through the ``awa.jobs``
   view, which scans every job, so with a backlog its pass takes a few hundred
   ms; at a short tick that overruns 3/2 of the interval and trips its fixed
-  120-tick cooldown (upstream defect 1), at a long tick it does not.
+  120-tick cooldown (upstream defect 1), at a long tick it does not;
+* idle: nothing to do for 20 s, every branch ticking at its default interval
+  (promotion at 250 ms).
+
+For each run it also reads the leader process's CPU time (user + system)
+and peak resident memory from /proc (Linux). The awa-pg runtime also hosts
+one idle worker slot, which its leader cannot run without.
 
 Needs awa-pg (the test extra) and a local PostgreSQL.
 
@@ -68,6 +74,16 @@ def start_leader(kind: str, dsn: str, rescue_interval_ms: int) -> subprocess.Pop
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def process_cost(pid: int) -> tuple[float, float]:
+    """(CPU seconds so far, peak RSS in MiB) of a live process, from /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{pid}/status") as status:
+        peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    return cpu, peak_kib / 1024
+
+
 async def wait_until(conn, sql: str, predicate, timeout: float = 120.0) -> float:
     deadline = time.perf_counter() + timeout
     while True:
@@ -81,7 +97,8 @@ async def wait_until(conn, sql: str, predicate, timeout: float = 120.0) -> float
 async def one_run(
     server: str, template: str, leader: str, scenario: str, size: int, backlog: int,
     rescue_interval_ms: int,
-) -> float:
+) -> tuple[float, float, float]:
+    """(seconds until done, leader CPU seconds in that time, leader peak RSS MiB)."""
     name = f"awa_trio_bench_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(f"{server}/postgres")
     await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
@@ -99,7 +116,12 @@ async def one_run(
         process = start_leader(leader, dsn, rescue_interval_ms)
         await wait_until(conn, LOCK_HELD_SQL, lambda n: n == 1, timeout=30)
         await asyncio.sleep(1.0)  # let the leader settle into its ticks
-        if scenario == "promotion":
+        cpu_before, _ = process_cost(process.pid)
+        if scenario == "idle":
+            committed = time.perf_counter()
+            await asyncio.sleep(size)
+            done = time.perf_counter()
+        elif scenario == "promotion":
             await conn.execute(
                 "INSERT INTO awa.scheduled_jobs (kind, queue, state, run_at) "
                 "SELECT 'bench', 'bench', 'scheduled', now() - interval '1 minute' "
@@ -120,7 +142,8 @@ async def one_run(
                 conn, "SELECT count(*) FROM awa.jobs_hot WHERE state = 'running'", lambda n: n == 0
             )
         await conn.close()
-        return done - committed
+        cpu_after, peak_rss = process_cost(process.pid)
+        return done - committed, cpu_after - cpu_before, peak_rss
     finally:
         if process is not None:
             process.terminate()
@@ -164,19 +187,26 @@ async def main() -> None:
          args.promote_jobs, 0, 100),
         ("rescue", f"{rescued} (tick 1s)", args.rescue_jobs, args.backlog, 1000),
         ("rescue", f"{rescued} (tick 100ms)", args.rescue_jobs, args.backlog, 100),
+        ("idle", "idle for 20 s, default ticks", 20, 0, 30_000),
     ]
     try:
         print(f"median of {args.runs} runs; same tick intervals for both leaders")
-        print(f"{'scenario':<72}{'awa-pg (Rust)':>15}{'awa_trio':>11}{'ratio':>8}")
+        print(f"{'scenario':<60}{'':>9}{'awa-pg (Rust)':>15}{'awa_trio':>11}{'ratio':>8}")
         for scenario, label, size, backlog, rescue_interval_ms in scenarios:
             results = {}
             for leader in ("awa-pg", "awa_trio"):
-                times = [await one_run(args.server, template, leader, scenario, size, backlog,
-                                       rescue_interval_ms)
-                         for _ in range(args.runs)]
-                results[leader] = statistics.median(times)
-            ratio = results["awa_trio"] / results["awa-pg"]
-            print(f"{label:<72}{results['awa-pg']:>13.2f} s{results['awa_trio']:>9.2f} s{ratio:>7.2f}x")
+                runs = [await one_run(args.server, template, leader, scenario, size, backlog,
+                                      rescue_interval_ms)
+                        for _ in range(args.runs)]
+                results[leader] = [statistics.median(column) for column in zip(*runs)]
+            measures = [(0, "time", "s"), (1, "CPU", "s"), (2, "peak RSS", "MiB")]
+            if scenario == "idle":
+                measures = measures[1:]  # its time is the fixed wait
+            for line, (index, what, unit) in enumerate(measures):
+                theirs, ours = results["awa-pg"][index], results["awa_trio"][index]
+                ratio = f"{ours / theirs:>7.2f}x" if theirs else f"{'-':>8}"
+                print(f"{label if line == 0 else '':<60}"
+                      f"{what:>9}{theirs:>11.2f} {unit:<3}{ours:>7.2f} {unit:<3}{ratio}")
     finally:
         admin = await asyncpg.connect(f"{args.server}/postgres")
         await admin.execute(f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
