@@ -7,6 +7,12 @@ that fires mid-query cancels the asyncio task, and asyncpg then sends a
 cancel request to the server (the query stops there too, not just here).
 
 Errors come out as :class:`DatabaseError` subclasses that keep the SQLSTATE.
+
+Errors nobody awaits (asyncpg finishing a connection release in a task of
+its own after a cancel, a connection attempt dying with the network) reach
+the loop's exception handler. trio-asyncio's default handler re-raises them
+into the loop's nursery, which would end the whole service over a socket
+that was already lost; here they are logged instead.
 """
 
 from __future__ import annotations
@@ -274,6 +280,14 @@ async def open_database(
         raise sole from sole.__cause__
 
 
+def _log_orphaned_error(loop: Any, context: dict[str, Any]) -> None:
+    """asyncio exception handler: log what no caller awaited (see module doc)."""
+    exception = context.get("exception")
+    message = context.get("message") or "unhandled error in the asyncio loop"
+    log.warning("database driver: %s: %s", message,
+                f"{type(exception).__name__}: {exception}" if exception is not None else "(no exception)")
+
+
 def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
     """The only leaf of a (possibly nested) exception group, or None."""
     exc: BaseException = group
@@ -289,6 +303,7 @@ async def _open_database(
     dsn: str, pool_size: int, connect_kwargs: dict[str, Any]
 ) -> AsyncIterator[Database]:
     async with trio_asyncio.open_loop() as loop:
+        loop.set_exception_handler(_log_orphaned_error)
         try:
             pool = await _bridge(
                 loop,

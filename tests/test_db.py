@@ -149,3 +149,18 @@ async def test_missing_database_is_a_query_error_with_sqlstate(database_url):
         async with open_database(missing):
             pass
     assert caught.value.sqlstate == "3D000"
+
+
+async def test_errors_nobody_awaits_are_logged_and_the_database_stays_usable(db, caplog):
+    """What asyncpg reports when, after a cancel, it fails to release a pooled
+    connection whose socket is gone (seen when the network went away): by
+    default trio-asyncio raises it into the loop's nursery, ending whatever
+    owns the database, the maintenance service included."""
+    db._loop.call_exception_handler({
+        "message": "Task exception was never retrieved",
+        "exception": ConnectionError("unexpected connection_lost() call"),
+    })
+    await trio.sleep(0.05)
+    assert await db.fetchval("SELECT 1") == 1
+    assert ("database driver: Task exception was never retrieved: "
+            "ConnectionError: unexpected connection_lost() call") in caplog.text
