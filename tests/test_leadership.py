@@ -163,6 +163,9 @@ async def test_awa_trio_leading_keeps_an_awa_pg_runtime_a_follower(database_url,
             database_url, "mixed_fleet:q", extra_args=["--leader-election-interval-ms", "100"]
         ):
             await trio.sleep(1.0)
+            with trio.fail_after(20):  # the runtime publishes its snapshot on its own schedule
+                while not await runtime_leader_flags(db):
+                    await trio.sleep(0.05)
             assert service.is_leader
             assert await leader_lock_holders(db) == [service.lock_backend_pid]
             assert await runtime_leader_flags(db) == [False]
@@ -173,16 +176,21 @@ async def test_awa_pg_leader_excludes_awa_trio_until_it_dies(database_url, db):
     async with awa_pg_worker(
         database_url, "mixed_fleet:q", extra_args=["--leader-election-interval-ms", "100"]
     ) as runtime:
-        with trio.fail_after(10):
-            while await runtime_leader_flags(db) != [True]:
+        # The lock in pg_locks first (the runtime's own snapshot of being
+        # leader is published on its own schedule, later under load).
+        with trio.fail_after(20):
+            while len(await leader_lock_holders(db)) != 1:
                 await trio.sleep(0.05)
+        awa_pg_lock = await leader_lock_holders(db)
         service = make_service(database_url)
         async with trio.open_nursery() as nursery:
             await nursery.start(service.run)
             await trio.sleep(4 * ELECTION)
-            holders = await leader_lock_holders(db)
             assert not service.is_leader
-            assert len(holders) == 1
+            assert await leader_lock_holders(db) == awa_pg_lock
+            with trio.fail_after(20):
+                while await runtime_leader_flags(db) != [True]:
+                    await trio.sleep(0.05)
 
             runtime.kill()
             with trio.fail_after(ELECTION + 3):
