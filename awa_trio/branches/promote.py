@@ -29,7 +29,7 @@ from ..context import MaintenanceContext
 from ..db import ConnectionLost, DatabaseError, UniqueViolation, describe_error
 from ..hooks import JobCancelled
 from ..jobs import JOB_COLUMNS, JobRow
-from .rescue import unique_claim_holder
+from .unique_claims import holder_text, unique_claim_holder
 
 log = logging.getLogger(__name__)
 
@@ -203,14 +203,13 @@ async def promote_row_by_row(ctx: MaintenanceContext, state: str, result: Promot
 async def cancel_duplicate(
     ctx: MaintenanceContext, state: str, job_id: int, result: PromoteResult
 ) -> None:
-    holder = await unique_claim_holder(ctx, job_id)
-    holder_text = "(unknown)" if holder is None else str(holder)
+    holder = holder_text(await unique_claim_holder(ctx, job_id))
     try:
         record = await ctx.db.fetchrow(CANCEL_DUPLICATE_SQL, job_id, state, DUPLICATE_ERROR)
     except UniqueViolation:
         log.error("%s: cannot promote or cancel %s job %d: the unique claim is held by job %s "
                   "and its unique_states include 'cancelled'; leaving it (resolve by hand)",
-                  NAME, state, job_id, holder_text)
+                  NAME, state, job_id, holder)
         result.skipped.append(job_id)
         return
     except DatabaseError as exc:
@@ -220,5 +219,5 @@ async def cancel_duplicate(
         return
     if record is not None:
         log.warning("%s: %s job %d came due while job %s holds its unique claim; "
-                    "cancelled it as a duplicate", NAME, state, job_id, holder_text)
+                    "cancelled it as a duplicate", NAME, state, job_id, holder)
         result.duplicates_cancelled.append(JobRow.from_record(record))

@@ -40,6 +40,7 @@ from ..context import MaintenanceContext
 from ..db import ConnectionLost, DatabaseError, UniqueViolation
 from ..hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
 from ..jobs import JOB_COLUMNS, JobRow
+from .unique_claims import holder_text, unique_claim_holder
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +73,6 @@ CANCEL_DUPLICATE_SQL = f"""
     WHERE id = $1
       AND state = $2::awa.job_state
     RETURNING {JOB_COLUMNS_SQL}
-"""
-
-# Who holds the unique claim a job collided with (for the operator's log).
-CLAIM_HOLDER_SQL = """
-    SELECT claim.job_id
-    FROM awa.job_unique_claims AS claim
-    JOIN (
-        SELECT unique_key FROM awa.jobs_hot WHERE id = $1
-        UNION ALL
-        SELECT unique_key FROM awa.scheduled_jobs WHERE id = $1
-    ) AS job ON claim.unique_key = job.unique_key
-    WHERE claim.job_id <> $1
-    LIMIT 1
 """
 
 # A follow-up job, inserted the way every Awa producer does (engine-routing,
@@ -273,7 +261,7 @@ async def rescue_row_by_row(
 async def cancel_duplicate(
     ctx: MaintenanceContext, sweep: RescueSweep, job_id: int, result: RescueResult
 ) -> None:
-    holder = await unique_claim_holder(ctx, job_id)
+    holder = holder_text(await unique_claim_holder(ctx, job_id))
     try:
         record = await ctx.db.fetchrow(
             CANCEL_DUPLICATE_SQL, job_id, sweep.from_state, sweep.duplicate_error)
@@ -281,7 +269,7 @@ async def cancel_duplicate(
         log.error(
             "%s: cannot rescue or cancel job %d: the unique claim is held by job %s and "
             "job %d's unique_states include 'cancelled'; skipping it (resolve by hand)",
-            sweep.name, job_id, _holder_text(holder), job_id,
+            sweep.name, job_id, holder, job_id,
         )
         result.skipped.append(job_id)
         return
@@ -297,22 +285,9 @@ async def cancel_duplicate(
     log.warning(
         "%s: rescuing job %d conflicts with the unique claim held by job %s; "
         "cancelled job %d as a superseded duplicate",
-        sweep.name, job_id, _holder_text(holder), job_id,
+        sweep.name, job_id, holder, job_id,
     )
     result.duplicates_cancelled.append(JobRow.from_record(record))
-
-
-async def unique_claim_holder(ctx: MaintenanceContext, job_id: int) -> int | None:
-    """Best effort: only for the log line."""
-    try:
-        return await ctx.db.fetchval(CLAIM_HOLDER_SQL, job_id)
-    except DatabaseError as exc:
-        log.debug("claim holder lookup for job %d failed: %s", job_id, exc)
-        return None
-
-
-def _holder_text(holder: int | None) -> str:
-    return "(unknown)" if holder is None else str(holder)
 
 
 async def apply_side_effects(
