@@ -18,14 +18,29 @@ MAINTENANCE_PROMOTE_BATCH_SIZE = "awa.maintenance.promote_batch_size"
 MAINTENANCE_PROMOTE_DURATION = "awa.maintenance.promote_duration"
 MAINTENANCE_BRANCH_DURATION = "awa.maintenance.branch.duration"
 MAINTENANCE_BRANCH_OVERRUN = "awa.maintenance.branch.overrun"
+MAINTENANCE_ROTATE_ATTEMPTS = "awa.maintenance.rotate.attempts"
+MAINTENANCE_ROTATE_SKIPPED_ROWS = "awa.maintenance.rotate.skipped_rows"
+MAINTENANCE_PRUNE_ATTEMPTS = "awa.maintenance.prune.attempts"
+MAINTENANCE_PRUNE_SKIPPED_ROWS = "awa.maintenance.prune.skipped_rows"
+RING_CURRENT_SLOT = "awa.ring.current_slot"
+RING_GENERATION = "awa.ring.generation"
 QUEUE_DEPTH = "awa.queue.depth"
 QUEUE_LAG = "awa.queue.lag"
+JOB_DLQ_MOVED = "awa.job.dlq_moved"
+JOB_DLQ_PURGED = "awa.job.dlq_purged"
+JOB_DLQ_DEPTH = "awa.job.dlq_depth"
 
 # Attribute keys.
 ATTR_BRANCH = "awa.maintenance.branch"
 ATTR_RESCUE_KIND = "awa.rescue.kind"
 ATTR_JOB_STATE = "awa.job.state"
 ATTR_JOB_QUEUE = "awa.job.queue"
+ATTR_JOB_KIND = "awa.job.kind"
+ATTR_DLQ_REASON = "awa.dlq.reason"
+ATTR_RING = "awa.ring"
+ATTR_RING_OUTCOME = "awa.ring.outcome"
+ATTR_RING_BLOCKER = "awa.ring.blocker"
+ATTR_RING_REASON = "awa.ring.reason"
 
 DURATION_BUCKETS_SECONDS = (
     0.001, 0.005, 0.010, 0.025, 0.050, 0.100, 0.250, 0.500, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -68,6 +83,39 @@ class MaintenanceMetrics:
         )
         self.queue_lag = meter.create_gauge(
             QUEUE_LAG, unit="s", description="Age of the oldest available job per queue"
+        )
+        self.rotate_attempts = meter.create_counter(
+            MAINTENANCE_ROTATE_ATTEMPTS, unit="{attempt}",
+            description="Ring rotation attempts by ring/outcome/blocker",
+        )
+        self.rotate_skipped_rows = meter.create_histogram(
+            MAINTENANCE_ROTATE_SKIPPED_ROWS, unit="{row}",
+            description="Rows in the busy slot that blocked a ring rotation",
+        )
+        self.prune_attempts = meter.create_counter(
+            MAINTENANCE_PRUNE_ATTEMPTS, unit="{attempt}",
+            description="Ring prune attempts by ring/outcome/reason",
+        )
+        self.prune_skipped_rows = meter.create_histogram(
+            MAINTENANCE_PRUNE_SKIPPED_ROWS, unit="{row}",
+            description="Magnitude of the reason count on a SkippedActive prune",
+        )
+        self.ring_current_slot = meter.create_gauge(
+            RING_CURRENT_SLOT, unit="{slot}",
+            description="Current slot index per ring (queue/lease/claim)",
+        )
+        self.ring_generation = meter.create_gauge(
+            RING_GENERATION, unit="{generation}",
+            description="Current ring generation per ring; derivative is rotations/sec",
+        )
+        self.dlq_moved = meter.create_counter(
+            JOB_DLQ_MOVED, unit="{job}", description="Number of jobs moved into the Dead Letter Queue"
+        )
+        self.dlq_purged = meter.create_counter(
+            JOB_DLQ_PURGED, unit="{job}", description="Number of DLQ rows deleted"
+        )
+        self.dlq_depth = meter.create_gauge(
+            JOB_DLQ_DEPTH, unit="{job}", description="Current Dead Letter Queue depth per queue"
         )
         # A synchronous gauge reports its last value until told otherwise, so
         # a queue that drained or vanished would show its old lag or depth
@@ -118,3 +166,48 @@ class MaintenanceMetrics:
         self._queues_with_depth -= vanished
         self._queues_with_lag -= vanished
         return vanished
+
+    # -- queue storage -------------------------------------------------------
+
+    def record_rotate_rotated(self, ring: str, slot: int, generation: int) -> None:
+        self.rotate_attempts.add(
+            1, {ATTR_RING: ring, ATTR_RING_OUTCOME: "rotated", ATTR_RING_BLOCKER: "none"}
+        )
+        self.ring_current_slot.set(slot, {ATTR_RING: ring})
+        self.ring_generation.set(generation, {ATTR_RING: ring})
+
+    def record_rotate_skipped_busy(self, ring: str, blockers: dict[str, int]) -> None:
+        """One attempt per non-zero blocker (``queue.ready_rows``, ``lease.rows``,
+        ...), as upstream, so a sum by blocker works; ``lost_cas`` when none."""
+        emitted = False
+        for blocker, count in blockers.items():
+            if count > 0:
+                emitted = True
+                attributes = {ATTR_RING: ring, ATTR_RING_OUTCOME: "skipped_busy",
+                              ATTR_RING_BLOCKER: blocker}
+                self.rotate_attempts.add(1, attributes)
+                self.rotate_skipped_rows.record(count, attributes)
+        if not emitted:
+            self.rotate_attempts.add(
+                1, {ATTR_RING: ring, ATTR_RING_OUTCOME: "skipped_busy", ATTR_RING_BLOCKER: "lost_cas"}
+            )
+
+    def record_prune(self, ring: str, outcome: str, reason: str | None = None,
+                     count: int | None = None) -> None:
+        """``outcome``: noop, pruned, blocked or skipped_active (with reason and count)."""
+        attributes = {ATTR_RING: ring, ATTR_RING_OUTCOME: outcome, ATTR_RING_REASON: reason or "none"}
+        self.prune_attempts.add(1, attributes)
+        if count is not None:
+            self.prune_skipped_rows.record(count, attributes)
+
+    def record_dlq_moved(self, kind: str, queue: str, reason: str, count: int = 1) -> None:
+        if count:
+            self.dlq_moved.add(count, {ATTR_JOB_KIND: kind, ATTR_JOB_QUEUE: queue,
+                                       ATTR_DLQ_REASON: reason})
+
+    def record_dlq_purged(self, queue: str | None, count: int) -> None:
+        if count:
+            self.dlq_purged.add(count, {ATTR_JOB_QUEUE: queue} if queue else {})
+
+    def record_dlq_depth(self, queue: str, count: int) -> None:
+        self.dlq_depth.set(count, {ATTR_JOB_QUEUE: queue})

@@ -4,7 +4,9 @@ awa_trio can maintain, and the ``migrate`` command (delegated to awa-pg)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import re
 
 from .db import Database
 from .errors import UnsupportedSchema
@@ -16,18 +18,51 @@ SUPPORTED_SCHEMA_VERSIONS = (39, 40)
 CANONICAL = "canonical"
 QUEUE_STORAGE = "queue_storage"
 #: Engines with a full set of branches in this release.
-SUPPORTED_ENGINES = (CANONICAL,)
+SUPPORTED_ENGINES = (CANONICAL, QUEUE_STORAGE)
+#: Transition states (awa.storage_transition_state.state).
+STATE_CANONICAL = "canonical"
+STATE_PREPARED = "prepared"
+STATE_MIXED_TRANSITION = "mixed_transition"
+STATE_ACTIVE = "active"
 AWA_PG_REQUIREMENT = "awa-pg==0.6.1"
+DEFAULT_QUEUE_STORAGE_SCHEMA = "awa"
 
 _SCHEMA_PRESENT_SQL = "SELECT to_regclass('awa.schema_version') IS NOT NULL"
 _SCHEMA_VERSION_SQL = "SELECT max(version) FROM awa.schema_version"
-_ACTIVE_ENGINE_SQL = "SELECT awa.active_storage_engine()"
+_STORAGE_STATUS_SQL = """
+    SELECT active_engine, current_engine, prepared_engine, state, details::text AS details
+    FROM awa.storage_status()
+"""
+_IDENTIFIER_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 @dataclasses.dataclass(frozen=True)
 class SchemaInfo:
     version: int
+    #: ``awa.active_storage_engine()``: where new work goes.
     engine: str
+    #: Transition state (canonical, prepared, mixed_transition, active).
+    state: str = STATE_CANONICAL
+    #: Schema holding the queue-storage tables (from storage_status details).
+    queue_storage_schema: str = DEFAULT_QUEUE_STORAGE_SCHEMA
+
+    @property
+    def runs_queue_storage(self) -> bool:
+        """Queue-storage branches run, as upstream's auto runtime does, once
+        routing has flipped (mixed_transition) or finished (active)."""
+        return self.engine == QUEUE_STORAGE and self.state in (STATE_MIXED_TRANSITION, STATE_ACTIVE)
+
+    @property
+    def in_mixed_transition(self) -> bool:
+        """Canonical rows may still be draining beside queue storage."""
+        return self.runs_queue_storage and self.state == STATE_MIXED_TRANSITION
+
+    @property
+    def branch_set(self) -> tuple[str, str]:
+        """What decides the branch set: a change of it ends the leader term."""
+        if not self.runs_queue_storage:
+            return (CANONICAL, "")
+        return (QUEUE_STORAGE, self.state)
 
 
 def unsupported_version_message(version: int | None) -> str:
@@ -43,15 +78,37 @@ def unsupported_version_message(version: int | None) -> str:
     )
 
 
+def _queue_storage_schema(details: str | None) -> str:
+    try:
+        name = (json.loads(details) if details else {}).get("schema")
+    except (ValueError, AttributeError):
+        name = None
+    if not name:
+        return DEFAULT_QUEUE_STORAGE_SCHEMA
+    if not _IDENTIFIER_RE.match(name):
+        raise UnsupportedSchema(
+            f"queue-storage schema name {name!r} in awa.storage_status() is not a plain "
+            "identifier awa_trio can address"
+        )
+    return name
+
+
 async def read_schema(db: Database) -> SchemaInfo | None:
-    """The installed schema version and active engine, or None without an awa schema."""
+    """The installed schema version and storage state, or None without an awa schema."""
     if not await db.fetchval(_SCHEMA_PRESENT_SQL):
         return None
     version = await db.fetchval(_SCHEMA_VERSION_SQL)
     if version is None:
         return None
-    engine = await db.fetchval(_ACTIVE_ENGINE_SQL)
-    return SchemaInfo(version=int(version), engine=str(engine))
+    row = await db.fetchrow(_STORAGE_STATUS_SQL)
+    if row is None:  # no transition row: a canonical install
+        return SchemaInfo(version=int(version), engine=CANONICAL)
+    return SchemaInfo(
+        version=int(version),
+        engine=str(row["active_engine"] or CANONICAL),
+        state=str(row["state"] or STATE_CANONICAL),
+        queue_storage_schema=_queue_storage_schema(row["details"]),
+    )
 
 
 async def check_schema(db: Database) -> SchemaInfo:

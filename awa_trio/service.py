@@ -32,6 +32,7 @@ from .errors import AwaTrioError, ConfigError
 from .hooks import Hooks
 from .leadership import LeaderElector, LeadershipState
 from .metrics import MaintenanceMetrics
+from .schema import CANONICAL, QUEUE_STORAGE, STATE_ACTIVE, STATE_MIXED_TRANSITION
 from .schema import SchemaInfo, check_schema
 from .supervisor import run_leader_term
 
@@ -112,20 +113,35 @@ class MaintenanceService:
 
     def _select_branches(self, schema: SchemaInfo) -> tuple[BranchSpec, ...]:
         branches = list(self._branch_factory(self.config, schema)) + list(self._extra_branches)
-        known = {spec.name for spec in branches}
+        return tuple(spec for spec in branches if spec.name not in self._disabled_branches)
+
+    def _check_disabled_branches(self, schema: SchemaInfo) -> None:
+        """Names must exist on some engine: the set can change while running."""
+        known = {spec.name for spec in self._extra_branches}
+        for probe in (
+            SchemaInfo(schema.version, CANONICAL),
+            SchemaInfo(schema.version, QUEUE_STORAGE, STATE_ACTIVE),
+            SchemaInfo(schema.version, QUEUE_STORAGE, STATE_MIXED_TRANSITION),
+        ):
+            known |= {spec.name for spec in self._branch_factory(self.config, probe)}
         unknown = sorted(self._disabled_branches - known)
         if unknown:
             raise ConfigError(
                 f"disabled_branches names unknown branches: {', '.join(unknown)} "
                 f"(known: {', '.join(sorted(known))})"
             )
-        return tuple(spec for spec in branches if spec.name not in self._disabled_branches)
+
+    def _on_term_start(self, schema: SchemaInfo, branches: Sequence[BranchSpec]) -> None:
+        self.schema = schema
+        self.branches = tuple(branches)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until stop() or cancellation. Startup errors (bad URL,
         unreachable server, unsupported schema) are raised before
-        ``task_status.started()``; a schema or engine change while leading
-        raises UnsupportedSchema after the lock is released. A lone
+        ``task_status.started()``; a storage change while leading restarts
+        the term with the matching branches, and only a schema version (or
+        engine) awa_trio cannot maintain raises UnsupportedSchema, after the
+        lock is released. A lone
         awa_trio/database error is raised as itself, not in a group."""
         try:
             await self._run(task_status)
@@ -144,10 +160,11 @@ class MaintenanceService:
                 lock_timeout=self.config.lock_timeout,
             ) as db:
                 self.schema = await check_schema(db)
+                self._check_disabled_branches(self.schema)
                 self.branches = self._select_branches(self.schema)
                 log.info(
-                    "awa schema version %d, storage engine %s",
-                    self.schema.version, self.schema.engine,
+                    "awa schema version %d, storage engine %s (%s)",
+                    self.schema.version, self.schema.engine, self.schema.state,
                 )
                 ctx = MaintenanceContext(
                     db=db,
@@ -159,7 +176,10 @@ class MaintenanceService:
                 )
 
                 async def lead(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
-                    await run_leader_term(ctx, self.branches, task_status=task_status)
+                    await run_leader_term(
+                        ctx, self._select_branches, on_term_start=self._on_term_start,
+                        task_status=task_status,
+                    )
 
                 elector = self._elector = LeaderElector(db, self.config, self._state, lead)
                 try:

@@ -1,21 +1,25 @@
 """One leadership term: the tracker actor, a schema watch, and one supervised
 actor per branch.
 
+The branch set follows the database: each term reads ``awa.storage_status()``
+and runs the canonical set, the queue-storage set, or the queue-storage set
+with the canonical drain (during a staged transition). When the watch sees
+the storage move on (an awa-pg runtime finalising a fresh database to queue
+storage, a transition entering mixed mode or finishing), that term ends and
+the next one, still under the same lock, runs the right set with fresh
+tracker state. Only a schema awa_trio cannot maintain at all (an unsupported
+version or engine) raises UnsupportedSchema and stops the service.
+
 Starts everything with ``nursery.start`` (so a failure before an actor is
-ready reaches the caller), reports itself started, then waits. It ends only
-by cancellation (lock lost, shutdown), by LeadershipAbandoned from a branch
-that keeps crashing, or by UnsupportedSchema when the database moved to a
-schema or storage engine these branches must not touch (an Awa runtime with
-``storage_transition_role="auto"`` finalising to queue storage, a staged
-transition, an upgrade). Maintaining a database with the wrong branches
-would be worse than not maintaining it, so that error stops the service.
+ready reaches the caller) and reports itself started once, after the first
+term's branches are up.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -29,39 +33,80 @@ from .tracker_actor import run_tracker
 
 log = logging.getLogger(__name__)
 
+BranchSelector = Callable[[SchemaInfo], Sequence[BranchSpec]]
+
+
+class StorageMoved(Exception):
+    """The storage engine or transition state changed under a running term."""
+
+    def __init__(self, old: SchemaInfo, new: SchemaInfo):
+        super().__init__(
+            f"storage moved from {describe_storage(old)} to {describe_storage(new)}"
+        )
+        self.old = old
+        self.new = new
+
+
+def describe_storage(info: SchemaInfo) -> str:
+    return f"{info.engine} ({info.state})"
+
 
 async def run_leader_term(
     ctx: MaintenanceContext,
-    branches: Sequence[BranchSpec],
+    select_branches: BranchSelector,
     *,
+    on_term_start: Callable[[SchemaInfo, Sequence[BranchSpec]], None] | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await check_schema_unchanged(ctx)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch_schema, ctx)
-        tracker = await nursery.start(run_tracker, ctx.metrics)
-        term_ctx = dataclasses.replace(ctx, tracker=tracker)
-        for spec in branches:
-            await nursery.start(supervise_branch, spec, term_ctx, tracker)
-        log.info("maintenance branches started: %s", ", ".join(spec.name for spec in branches))
-        task_status.started()
+    """Lead until cancelled, one term per storage state."""
+    started = False
+    while True:
+        schema = await read_supported_schema(ctx)
+        term_ctx = dataclasses.replace(ctx, schema=schema)
+        branches = select_branches(schema)
+        if on_term_start is not None:
+            on_term_start(schema, branches)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch_schema, term_ctx)
+                tracker = await nursery.start(run_tracker, ctx.metrics)
+                branch_ctx = dataclasses.replace(term_ctx, tracker=tracker)
+                for spec in branches:
+                    await nursery.start(supervise_branch, spec, branch_ctx, tracker)
+                log.info(
+                    "maintenance branches started on %s, schema version %d: %s",
+                    describe_storage(schema), schema.version,
+                    ", ".join(spec.name for spec in branches),
+                )
+                if not started:
+                    started = True
+                    task_status.started()
+        except* StorageMoved as group:
+            moved = group.exceptions[0]
+            log.warning("%s; restarting the leader term with the matching branches", moved)
 
 
-async def check_schema_unchanged(ctx: MaintenanceContext) -> SchemaInfo:
-    """Raise UnsupportedSchema if the schema or engine is no longer one the
-    running branches were chosen for."""
+async def read_supported_schema(ctx: MaintenanceContext) -> SchemaInfo:
+    """The schema now, or UnsupportedSchema if awa_trio cannot maintain it."""
     info = await read_schema(ctx.db)
     if info is None or info.version not in SUPPORTED_SCHEMA_VERSIONS:
         raise UnsupportedSchema(unsupported_version_message(info and info.version))
-    if info.engine != ctx.schema.engine:
-        if info.engine not in SUPPORTED_ENGINES:
-            raise UnsupportedSchema(
-                f"storage engine changed from {ctx.schema.engine!r} to {info.engine!r}; "
-                + unsupported_engine_message(info.engine)
-            )
+    if info.engine not in SUPPORTED_ENGINES:
         raise UnsupportedSchema(
-            f"storage engine changed from {ctx.schema.engine!r} to {info.engine!r}; restart awa_trio"
+            f"storage engine changed from {ctx.schema.engine!r} to {info.engine!r}; "
+            + unsupported_engine_message(info.engine)
         )
+    return info
+
+
+async def check_schema_unchanged(ctx: MaintenanceContext) -> SchemaInfo:
+    """Raise StorageMoved if the branch set chosen for ``ctx.schema`` no
+    longer fits, UnsupportedSchema if nothing would."""
+    info = await read_supported_schema(ctx)
+    if info.branch_set != ctx.schema.branch_set or (
+        info.queue_storage_schema != ctx.schema.queue_storage_schema and info.runs_queue_storage
+    ):
+        raise StorageMoved(ctx.schema, info)
     if info.version != ctx.schema.version:
         log.info("awa schema version changed from %d to %d (still supported)",
                  ctx.schema.version, info.version)

@@ -69,6 +69,93 @@ def database_url(awa_template: str) -> str:
     _drop(name)
 
 
+def _make_queue_storage(dsn: str) -> None:
+    """Start a real awa-pg runtime (transition role ``auto``) on a fresh
+    install: it finalises the database to queue storage, as every default
+    Awa 0.6 deployment does. Judged by database state afterwards: the 0.6.1
+    runtime sometimes crashes at exit."""
+    import subprocess
+    import sys
+
+    script = (
+        "import asyncio, sys, awa\n"
+        "async def main(dsn):\n"
+        "    client = awa.AsyncClient(dsn)\n"
+        "    @client.task(dict, kind='noop', queue='default')\n"
+        "    async def noop(job): pass\n"
+        "    await client.start([{'name': 'default', 'max_workers': 1}],\n"
+        "                       storage_transition_role='auto', leader_election_interval_ms=600000)\n"
+        "    for _ in range(100):\n"
+        "        if (await client.storage_status())['state'] == 'active': break\n"
+        "        await asyncio.sleep(0.1)\n"
+        "    await client.shutdown(timeout_ms=1000)\n"
+        "asyncio.run(main(sys.argv[1]))\n"
+    )
+    subprocess.run([sys.executable, "-c", script, dsn], timeout=120, check=False)
+
+    async def check() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            state = await conn.fetchrow("SELECT active_engine, state FROM awa.storage_status()")
+            assert tuple(state) == ("queue_storage", "active"), f"queue storage not live: {state}"
+            # The runtime's own traces would look like a live fleet to tests.
+            await conn.execute("DELETE FROM awa.runtime_instances")
+        finally:
+            await conn.close()
+
+    asyncio.run(check())
+
+
+@pytest.fixture(scope="session")
+def awa_qs_template(awa_template: str) -> str:
+    """A database finalised to queue storage by a real awa-pg runtime."""
+    name = f"awa_trio_qtpl_{os.getpid()}"
+    _drop(name)
+    _admin(f'CREATE DATABASE "{name}" TEMPLATE "{awa_template}"')
+    _make_queue_storage(dsn_for(name))
+    _admin(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+    )
+    yield name
+    _drop(name)
+
+
+@pytest.fixture
+def qs_database_url(awa_qs_template: str) -> str:
+    """DSN of a fresh database on the queue-storage engine for one test."""
+    name = f"awa_trio_q_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    _admin(f'CREATE DATABASE "{name}" TEMPLATE "{awa_qs_template}"')
+    yield dsn_for(name)
+    _drop(name)
+
+
+@pytest.fixture
+async def qs_db(qs_database_url):
+    """Our bridge on a queue-storage test database."""
+    async with open_database(qs_database_url) as database:
+        yield database
+
+
+@pytest.fixture
+async def qs_ctx(qs_db, meter_provider):
+    """A MaintenanceContext on a queue-storage test database."""
+    from support.contexts import make_context
+
+    return await make_context(qs_db, meter_provider=meter_provider)
+
+
+@pytest.fixture
+def qs_awa_client(qs_database_url):
+    """awa-pg's synchronous client on the queue-storage test database."""
+    import awa
+
+    client = awa.Client(qs_database_url)
+    yield client
+    del client
+    gc.collect()
+
+
 @pytest.fixture
 def empty_database_url() -> str:
     """DSN of a fresh database with no awa schema at all."""

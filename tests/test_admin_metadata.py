@@ -79,19 +79,3 @@ async def test_refresh_rebuilds_a_drifted_cache_from_the_job_tables(db, awa_clie
     assert result.ran
     assert await queue_counts(db) == {"qa": (2, 0, 0)}
     assert await kind_counts(db) == {"echo": 2}
-
-
-async def test_both_are_no_ops_on_queue_storage(db, awa_client):
-    ctx = await make_context(db, engine="queue_storage")
-    await insert_jobs(awa_client, "echo", "qa", 1)
-    await db.execute(
-        "INSERT INTO awa.queue_state_counts (queue, available) VALUES ('drifted', 5)"
-    )
-
-    recompute = await admin_metadata.run_recompute_dirty(ctx)
-    refresh = await admin_metadata.run_refresh(ctx)
-
-    assert recompute == admin_metadata.RecomputeDirtyResult(keys_recomputed=0, ran=False)
-    assert refresh == admin_metadata.RefreshResult(ran=False)
-    assert await dirty_keys(db) == ({"qa"}, {"echo"})
-    assert await queue_counts(db) == {"drifted": (5, 0, 0)}

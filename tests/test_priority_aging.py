@@ -105,13 +105,3 @@ async def test_a_job_locked_by_another_transaction_is_skipped_not_waited_for(db,
     assert result.aged == 1
     assert await priority_and_metadata(db, locked) == (3, {})
     assert await priority_and_metadata(db, free) == (2, {ORIGINAL: 3})
-
-
-async def test_queue_storage_engine_is_left_alone(db, awa_client):
-    ctx = await make_context(db, engine="queue_storage")
-    job = await insert_available(awa_client, db, priority=3, waited_seconds=600)
-
-    result = await priority_aging.run_once(ctx)
-
-    assert result.aged == 0
-    assert await priority_and_metadata(db, job) == (3, {})

@@ -164,20 +164,6 @@ async def test_lag_is_the_oldest_available_run_at_across_all_priorities(
     assert lag_points(metric_reader)["mixed"] == stats.lag_seconds
 
 
-async def test_queue_storage_engine_publishes_nothing(
-    db, awa_client, meter_provider, metric_reader
-):
-    ctx = await make_context(db, meter_provider=meter_provider)
-    await insert(awa_client, "qa")
-    await flush_admin_cache(ctx)
-
-    queue_storage_ctx = await make_context(db, meter_provider=meter_provider, engine="queue_storage")
-    result = await queue_stats.run_once(queue_storage_ctx)
-
-    assert result.queues == []
-    assert metric_points(metric_reader, QUEUE_DEPTH) == []
-
-
 async def test_drained_and_vanished_queues_stop_reporting_old_values(
     db, awa_client, meter_provider, metric_reader
 ):

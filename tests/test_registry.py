@@ -19,7 +19,11 @@ from awa_trio.branches import (
     rescue_deadlines,
     rescue_heartbeats,
 )
-from awa_trio.branches.registry import canonical_branches, default_branches
+from awa_trio.branches.registry import (
+    canonical_branches,
+    default_branches,
+    queue_storage_branches,
+)
 from awa_trio.config import INTERVAL, MaintenanceConfig
 from awa_trio.cron import evaluate_cron_schedules, sync_periodic_jobs
 from awa_trio.schema import CANONICAL, QUEUE_STORAGE, SchemaInfo
@@ -78,9 +82,44 @@ def test_only_cron_branches_change_the_tick_policy():
     assert {name for name, spec in specs.items() if not spec.cooldown} == {"cron_eval"}
 
 
-def test_default_branches_are_canonical_only():
+CANONICAL_ONLY = {"priority_aging", "recompute_dirty_admin_metadata", "refresh_admin_metadata"}
+RING_AND_ROLLUP = {"rotate_queue", "rotate_lease", "rotate_claim", "terminal_count_rollup"}
+
+
+def test_default_branches_follow_the_storage_state():
     config = distinct_intervals()
-    assert default_branches(config, SchemaInfo(version=39, engine=CANONICAL)) == (
-        canonical_branches(config))
-    with pytest.raises(ValueError, match="queue_storage"):
-        default_branches(config, SchemaInfo(version=39, engine=QUEUE_STORAGE))
+    canonical = SchemaInfo(version=39, engine=CANONICAL)
+    assert default_branches(config, canonical) == canonical_branches(config)
+    # Prepared (routing not flipped yet): still the canonical set.
+    prepared = SchemaInfo(version=39, engine=CANONICAL, state="prepared")
+    assert default_branches(config, prepared) == canonical_branches(config)
+
+    active = SchemaInfo(version=39, engine=QUEUE_STORAGE, state="active")
+    names = [spec.name for spec in default_branches(config, active)]
+    assert len(names) == len(set(names))
+    assert not CANONICAL_ONLY & set(names)
+    assert RING_AND_ROLLUP <= set(names)
+    assert {spec.name for spec in canonical_branches(config)} - CANONICAL_ONLY <= set(names)
+
+
+def test_ring_branches_use_their_own_intervals_and_rollup_is_never_skipped():
+    config = distinct_intervals()
+    specs = {spec.name: spec for spec in queue_storage_branches(config)}
+    assert specs["rotate_queue"].interval == config.queue_rotate_interval
+    assert specs["rotate_lease"].interval == config.lease_rotate_interval
+    assert specs["rotate_claim"].interval == config.claim_rotate_interval
+    assert specs["terminal_count_rollup"].interval == config.terminal_count_rollup_interval
+    assert {name for name, spec in specs.items() if not spec.cooldown} == {
+        "terminal_count_rollup", "cron_eval"}
+
+
+def test_mixed_transition_serves_both_planes_in_promotion_and_rescues():
+    config = distinct_intervals()
+    mixed = SchemaInfo(version=39, engine=QUEUE_STORAGE, state="mixed_transition")
+    active = SchemaInfo(version=39, engine=QUEUE_STORAGE, state="active")
+    mixed_specs = {spec.name: spec for spec in default_branches(config, mixed)}
+    active_specs = {spec.name: spec for spec in default_branches(config, active)}
+    assert mixed_specs.keys() == active_specs.keys()
+    both = {name for name in mixed_specs if mixed_specs[name].run_once is not active_specs[name].run_once}
+    assert both == {"promote_scheduled", "rescue_stale_heartbeats", "rescue_expired_deadlines",
+                    "rescue_expired_callbacks"}

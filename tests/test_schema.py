@@ -40,27 +40,41 @@ async def test_missing_schema_is_refused(empty_database_url):
         await service.run()
 
 
-async def test_queue_storage_engine_is_refused(database_url, db):
-    await db.execute(SWITCH_TO_QUEUE_STORAGE_SQL)
-    assert await db.fetchval("SELECT awa.active_storage_engine()") == "queue_storage"
-    with pytest.raises(UnsupportedSchema, match="'queue_storage' is not maintained"):
+async def test_queue_storage_is_read_from_storage_status(qs_db):
+    info = await check_schema(qs_db)
+    assert (info.engine, info.state, info.queue_storage_schema) == ("queue_storage", "active", "awa")
+    assert info.runs_queue_storage and not info.in_mixed_transition
+
+
+async def test_an_unknown_engine_is_refused(database_url, db):
+    await db.execute(
+        "UPDATE awa.storage_transition_state SET current_engine = 'columnar', state = 'active'"
+    )
+    with pytest.raises(UnsupportedSchema, match="'columnar' is not maintained"):
         await MaintenanceService(database_url).run()
     assert await leader_lock_holders(db) == []
 
 
-async def test_engine_change_while_leading_stops_and_releases_the_lock(database_url, db):
+async def test_engine_change_while_leading_restarts_the_term_with_the_new_branches(
+    database_url, db
+):
+    """The database moves to queue storage under a canonical leader: that term
+    ends, and the next one (same lock, same process) runs the queue-storage set."""
     service = MaintenanceService(
         database_url, MaintenanceConfig(leader_election_interval=0.2, leader_check_interval=0.2)
     )
-
-    async def switch_engine_once_leading():
-        await service.wait_until_leader()
-        await db.execute(SWITCH_TO_QUEUE_STORAGE_SQL)
-
-    with trio.fail_after(10):
+    with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(switch_engine_once_leading)
-            with pytest.raises(UnsupportedSchema, match="storage engine changed from 'canonical'"):
-                await service.run()
-    assert not service.is_leader and not service.is_alive
+            await nursery.start(service.run)
+            await service.wait_until_leader()
+            lock_pid = service.lock_backend_pid
+            assert "priority_aging" in {spec.name for spec in service.branches}
+            await db.execute(SWITCH_TO_QUEUE_STORAGE_SQL)
+            while service.schema.engine != "queue_storage":
+                await trio.sleep(0.05)
+            names = {spec.name for spec in service.branches}
+            assert "rotate_queue" in names and "priority_aging" not in names
+            assert service.is_leader and service.lock_backend_pid == lock_pid
+            assert await leader_lock_holders(db) == [lock_pid]
+            service.stop()
     assert await leader_lock_holders(db) == []

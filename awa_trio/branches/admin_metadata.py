@@ -18,7 +18,6 @@ import dataclasses
 import logging
 
 from ..context import MaintenanceContext
-from ..schema import CANONICAL
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +48,6 @@ class RefreshResult:
 
 async def run_recompute_dirty(ctx: MaintenanceContext) -> RecomputeDirtyResult:
     result = RecomputeDirtyResult()
-    if ctx.schema.engine != CANONICAL:
-        return result
     result.keys_recomputed = int(
         await ctx.db.fetchval(RECOMPUTE_DIRTY_ADMIN_METADATA_SQL, DIRTY_KEY_BATCH_SIZE) or 0
     )
@@ -64,8 +61,6 @@ async def run_recompute_dirty(ctx: MaintenanceContext) -> RecomputeDirtyResult:
 
 async def run_refresh(ctx: MaintenanceContext) -> RefreshResult:
     result = RefreshResult()
-    if ctx.schema.engine != CANONICAL:
-        return result
     await ctx.db.execute(REFRESH_ADMIN_METADATA_SQL)
     result.ran = True
     log.debug("%s: admin metadata rebuilt from the job tables", REFRESH_NAME)

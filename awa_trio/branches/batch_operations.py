@@ -83,7 +83,6 @@ import trio
 
 from ..context import MaintenanceContext
 from ..db import CLEANUP_TIMEOUT, Connection, DatabaseError, QueryError
-from ..schema import CANONICAL
 
 log = logging.getLogger(__name__)
 
@@ -400,8 +399,6 @@ async def run_once(
     chunk_size: int = CHUNK_SIZE,
     scan_page_size: int = SCAN_PAGE_SIZE,
 ) -> BatchOperationsResult:
-    if ctx.schema.engine != CANONICAL:
-        return BatchOperationsResult()
     runner_instance = uuid.uuid4()
     async with ctx.db.acquire() as conn:
         if not await conn.fetchval(TRY_RUNNER_LOCK_SQL, RUNNER_LOCK_KEY):

@@ -37,7 +37,6 @@ from typing import Any
 
 from ..context import MaintenanceContext
 from ..db import QueryError
-from ..schema import CANONICAL
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +140,17 @@ class CleanupResult:
 
 async def run_once(ctx: MaintenanceContext) -> CleanupResult:
     result = CleanupResult()
-    if ctx.schema.engine == CANONICAL:
-        await delete_expired_jobs(ctx, result)
+    await delete_expired_jobs(ctx, result)
+    await run_engine_independent_steps(ctx, result)
+    return result
+
+
+async def run_engine_independent_steps(ctx: MaintenanceContext, result: CleanupResult) -> None:
+    """Snapshots, descriptors and batch operations: the same on every engine
+    (queue storage's cleanup runs these after its DLQ purge)."""
     await delete_stale_runtime_snapshots(ctx, result)
     await delete_stale_descriptors(ctx, result)
     await delete_expired_batch_operations(ctx, result)
-    return result
 
 
 async def delete_expired_jobs(ctx: MaintenanceContext, result: CleanupResult) -> None:

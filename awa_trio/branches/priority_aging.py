@@ -17,7 +17,6 @@ import dataclasses
 import logging
 
 from ..context import MaintenanceContext
-from ..schema import CANONICAL
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +59,6 @@ class PriorityAgingResult:
 
 async def run_once(ctx: MaintenanceContext) -> PriorityAgingResult:
     result = PriorityAgingResult()
-    if ctx.schema.engine != CANONICAL:
-        return result
     rows = await ctx.db.fetch(
         AGE_WAITING_PRIORITIES_SQL, ctx.config.priority_aging_interval, PRIORITY_AGING_BATCH_SIZE
     )

@@ -33,7 +33,6 @@ import dataclasses
 import logging
 
 from ..context import MaintenanceContext
-from ..schema import CANONICAL
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +104,6 @@ class QueueStatsResult:
 
 async def run_once(ctx: MaintenanceContext) -> QueueStatsResult:
     result = QueueStatsResult()
-    if ctx.schema.engine != CANONICAL:
-        return result
     for row in await ctx.db.fetch(QUEUE_OVERVIEW_SQL):
         stats = QueueStats(
             queue=row["queue"],
