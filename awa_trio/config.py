@@ -60,6 +60,10 @@ DEFAULT_LOCK_KEEPALIVE = 30 * SECOND
 DEFAULT_HOOK_TIMEOUT = 30 * SECOND
 DEFAULT_HOOK_CONCURRENCY = 16
 DEFAULT_HOOK_QUEUE_SIZE = 1000
+DEFAULT_RESCUE_BATCH_SIZE = 500
+DEFAULT_PRIORITY_AGING_BATCH_SIZE = 1000
+DEFAULT_DRAIN_TIME_BUDGET = 10 * SECOND
+DEFAULT_TAKEOVER_POLL_INTERVAL = 0.25
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": MINUTE, "h": HOUR, "d": DAY, None: 1.0}
@@ -312,6 +316,19 @@ class MaintenanceConfig:
         "How long the server keeps the lock of a leader whose network went silent before it "
         "drops the session and frees the lock for another node (server-side TCP keepalive "
         "and user timeout of the lock connection); 0 leaves the OS defaults (hours).")
+    rescue_batch_size: int = setting(
+        DEFAULT_RESCUE_BATCH_SIZE, COUNT, "Rows per rescue statement; a sweep repeats batches.")
+    priority_aging_batch_size: int = setting(
+        DEFAULT_PRIORITY_AGING_BATCH_SIZE, COUNT,
+        "Rows per priority-aging statement; a pass repeats batches.")
+    drain_time_budget: float = setting(
+        DEFAULT_DRAIN_TIME_BUDGET, INTERVAL,
+        "Longest one tick of a draining branch (cleanup, rescues, priority aging) keeps "
+        "taking batches; the budget used is the smaller of this and half the branch's interval.")
+    takeover_poll_interval: float = setting(
+        DEFAULT_TAKEOVER_POLL_INTERVAL, INTERVAL,
+        "How often a follower tries the leader lock while the last attempt worked "
+        "(leader_election_interval applies after errors).")
     hook_timeout: float = setting(
         DEFAULT_HOOK_TIMEOUT, INTERVAL, "Longest a lifecycle hook handler may run before it is cancelled.")
     hook_concurrency: int = setting(
