@@ -329,7 +329,7 @@ def test_branch_specs():
     sync, evaluate = cron_branches(config)
     assert (sync.name, sync.interval, sync.run_immediately, sync.cooldown) == (CRON_SYNC, 30, True, True)
     assert (evaluate.name, evaluate.interval, evaluate.run_immediately, evaluate.cooldown) == (
-        CRON_EVAL, 0.5, False, False)
+        CRON_EVAL, 0.5, True, False)
 
 
 async def test_a_compare_and_set_miss_stops_that_schedule_only(db, monkeypatch):

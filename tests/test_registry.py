@@ -75,10 +75,12 @@ def test_each_branch_ticks_at_its_own_config_interval():
 
 
 def test_only_cron_branches_change_the_tick_policy():
-    """cron_sync runs on election; cron_eval is never skipped by overrun
+    """A new term runs cron_sync, cron_eval and promotion at once (a takeover
+    then loses no tick of them); cron_eval is never skipped by overrun
     cooldown; every other branch waits one interval and has a cooldown."""
     specs = {spec.name: spec for spec in canonical_branches(MaintenanceConfig())}
-    assert {name for name, spec in specs.items() if spec.run_immediately} == {"cron_sync"}
+    assert {name for name, spec in specs.items() if spec.run_immediately} == {
+        "cron_sync", "cron_eval", "promote_scheduled"}
     assert {name for name, spec in specs.items() if not spec.cooldown} == {"cron_eval"}
 
 

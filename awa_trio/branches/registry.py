@@ -53,7 +53,7 @@ def canonical_branches(config: MaintenanceConfig) -> list[BranchSpec]:
         BranchSpec(
             rescue_callbacks.NAME, config.callback_rescue_interval, rescue_callbacks.run_once
         ),
-        BranchSpec(promote.NAME, config.promote_interval, promote.run_once),
+        BranchSpec(promote.NAME, config.promote_interval, promote.run_once, run_immediately=True),
         BranchSpec(cleanup.NAME, config.cleanup_interval, cleanup.run_once),
         BranchSpec(priority_aging.NAME, config.priority_aging_interval, priority_aging.run_once),
         BranchSpec(
@@ -91,7 +91,9 @@ def queue_storage_branches(config: MaintenanceConfig) -> list[BranchSpec]:
         BranchSpec(
             qs_rescue_callbacks.NAME, config.callback_rescue_interval, qs_rescue_callbacks.run_once
         ),
-        BranchSpec(qs_promote.NAME, config.promote_interval, qs_promote.run_once),
+        BranchSpec(
+            qs_promote.NAME, config.promote_interval, qs_promote.run_once, run_immediately=True
+        ),
         BranchSpec(qs_cleanup.NAME, config.cleanup_interval, qs_cleanup.run_once),
         BranchSpec(qs_queue_stats.NAME, config.queue_stats_interval, qs_queue_stats.run_once),
         BranchSpec(

@@ -187,5 +187,6 @@ def cron_branches(config: MaintenanceConfig) -> list[BranchSpec]:
     """
     return [
         BranchSpec(CRON_SYNC, config.cron_sync_interval, sync_periodic_jobs, run_immediately=True),
-        BranchSpec(CRON_EVAL, config.cron_eval_interval, evaluate_cron_schedules, cooldown=False),
+        BranchSpec(CRON_EVAL, config.cron_eval_interval, evaluate_cron_schedules, cooldown=False,
+                   run_immediately=True),
     ]
