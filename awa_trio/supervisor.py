@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 
 BranchSelector = Callable[[SchemaInfo], Sequence[BranchSpec]]
 
+#: The storage state is read at least this often (``leader_check_interval``
+#: if shorter): a staged transition's routing flip or finalize switches the
+#: branch set within about a second, so queue-storage work routed after the
+#: flip is promoted and rescued at once. One cheap query per second.
+STORAGE_POLL_INTERVAL = 1.0
+
 
 class StorageMoved(Exception):
     """The storage engine or transition state changed under a running term."""
@@ -107,16 +113,25 @@ async def check_schema_unchanged(ctx: MaintenanceContext) -> SchemaInfo:
         info.queue_storage_schema != ctx.schema.queue_storage_schema and info.runs_queue_storage
     ):
         raise StorageMoved(ctx.schema, info)
-    if info.version != ctx.schema.version:
-        log.info("awa schema version changed from %d to %d (still supported)",
-                 ctx.schema.version, info.version)
     return info
 
 
 async def watch_schema(ctx: MaintenanceContext) -> None:
+    period = min(ctx.config.leader_check_interval, STORAGE_POLL_INTERVAL)
+    known = ctx.schema
     while True:
-        await trio.sleep(ctx.config.leader_check_interval)
+        await trio.sleep(period)
         try:
-            await check_schema_unchanged(ctx)
+            info = await check_schema_unchanged(ctx)
         except DatabaseError as exc:
             log.warning("schema check failed (will retry): %s", exc)
+            continue
+        if info.version != known.version:
+            log.info("awa schema version changed from %d to %d (still supported)",
+                     known.version, info.version)
+        if info.state != known.state:
+            # e.g. canonical -> prepared: the transition has begun, but until
+            # routing flips the same branches serve it.
+            log.info("storage state changed from %s to %s; the branches stay the same",
+                     known.state, info.state)
+        known = info

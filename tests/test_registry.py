@@ -20,12 +20,16 @@ from awa_trio.branches import (
     rescue_heartbeats,
 )
 from awa_trio.branches.registry import (
+    CANONICAL_DRAIN,
+    PlaneResults,
+    both_planes,
     canonical_branches,
     default_branches,
     queue_storage_branches,
 )
 from awa_trio.config import INTERVAL, MaintenanceConfig
 from awa_trio.cron import evaluate_cron_schedules, sync_periodic_jobs
+from awa_trio.db import QueryError
 from awa_trio.schema import CANONICAL, QUEUE_STORAGE, SchemaInfo
 
 # Branch name -> (config field of its interval, its body).
@@ -115,13 +119,73 @@ def test_ring_branches_use_their_own_intervals_and_rollup_is_never_skipped():
         "terminal_count_rollup", "cron_eval"}
 
 
-def test_mixed_transition_serves_both_planes_in_promotion_and_rescues():
+def test_mixed_transition_serves_both_planes_in_promotion_rescues_and_cleanup():
     config = distinct_intervals()
     mixed = SchemaInfo(version=39, engine=QUEUE_STORAGE, state="mixed_transition")
     active = SchemaInfo(version=39, engine=QUEUE_STORAGE, state="active")
     mixed_specs = {spec.name: spec for spec in default_branches(config, mixed)}
     active_specs = {spec.name: spec for spec in default_branches(config, active)}
-    assert mixed_specs.keys() == active_specs.keys()
-    both = {name for name in mixed_specs if mixed_specs[name].run_once is not active_specs[name].run_once}
+    assert mixed_specs.keys() - active_specs.keys() == {"canonical_drain"}
+    assert active_specs.keys() <= mixed_specs.keys()
+    both = {name for name in active_specs
+            if mixed_specs[name].run_once is not active_specs[name].run_once}
     assert both == {"promote_scheduled", "rescue_stale_heartbeats", "rescue_expired_deadlines",
-                    "rescue_expired_callbacks"}
+                    "rescue_expired_callbacks", "cleanup"}
+    # Same cadence and tick policy as on queue storage alone.
+    for name in active_specs:
+        assert dataclasses.replace(mixed_specs[name], run_once=None) == dataclasses.replace(
+            active_specs[name], run_once=None)
+    assert mixed_specs["canonical_drain"].interval == config.queue_stats_interval
+    # Only queue storage's own bodies and the canonical drain serve the transition.
+    assert set(CANONICAL_DRAIN) == both
+
+
+def query_error(message: str) -> QueryError:
+    return QueryError(message, sqlstate="57014")
+
+
+def recorder(calls: list[str], plane: str, outcome):
+    async def run_once(ctx):
+        calls.append(plane)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    return run_once
+
+
+async def test_both_planes_runs_each_plane_once_and_returns_both_results():
+    calls: list[str] = []
+    body = both_planes("promote_scheduled", recorder(calls, "qs", "q"), recorder(calls, "c", "c"))
+    assert await body(None) == PlaneResults(queue_storage="q", canonical="c")
+    assert calls == ["qs", "c"]
+
+
+async def test_a_database_error_on_one_plane_leaves_the_other_served(caplog):
+    calls: list[str] = []
+    body = both_planes(
+        "rescue_stale_heartbeats",
+        recorder(calls, "qs", query_error("canceling statement due to lock timeout")),
+        recorder(calls, "c", "rescued"),
+    )
+    assert await body(None) == PlaneResults(queue_storage=None, canonical="rescued")
+    assert calls == ["qs", "c"]
+    assert ("rescue_stale_heartbeats: queue_storage plane failed: [57014] canceling statement"
+            in caplog.text)
+
+    both_fail = both_planes(
+        "cleanup", recorder(calls, "qs", query_error("one")),
+        recorder(calls, "c", query_error("two")))
+    with pytest.raises(QueryError, match="one"):
+        await both_fail(None)
+
+
+async def test_a_bug_on_the_queue_storage_plane_still_lets_the_canonical_drain_run():
+    """The supervisor still sees the bug (and restarts the branch), but the
+    canonical rows are promoted or rescued in that same pass first."""
+    calls: list[str] = []
+    body = both_planes("promote_scheduled", recorder(calls, "qs", KeyError("bug")),
+                       recorder(calls, "c", "promoted"))
+    with pytest.raises(KeyError):
+        await body(None)
+    assert calls == ["qs", "c"]

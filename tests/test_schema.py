@@ -1,9 +1,12 @@
 """The schema contract: supported versions and engines, refused with one line."""
 
+import dataclasses
+
 import pytest
 import trio
 
 from awa_trio import MaintenanceConfig, MaintenanceService, UnsupportedSchema
+from awa_trio.branches.registry import default_branches
 from awa_trio.schema import check_schema
 from support.helpers import leader_lock_holders
 
@@ -12,6 +15,14 @@ SWITCH_TO_QUEUE_STORAGE_SQL = """
     SET current_engine = 'queue_storage', state = 'active',
         transition_epoch = transition_epoch + 1, updated_at = now()
 """
+
+
+async def idle(ctx):
+    """A body that does nothing: these tests are about which branches run."""
+
+
+def idle_default_branches(config, schema):
+    return [dataclasses.replace(spec, run_once=idle) for spec in default_branches(config, schema)]
 
 
 async def test_fresh_awa_pg_install_is_supported(db):
@@ -61,7 +72,8 @@ async def test_engine_change_while_leading_restarts_the_term_with_the_new_branch
     """The database moves to queue storage under a canonical leader: that term
     ends, and the next one (same lock, same process) runs the queue-storage set."""
     service = MaintenanceService(
-        database_url, MaintenanceConfig(leader_election_interval=0.2, leader_check_interval=0.2)
+        database_url, MaintenanceConfig(leader_election_interval=0.2, leader_check_interval=0.2),
+        branch_factory=idle_default_branches,
     )
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:

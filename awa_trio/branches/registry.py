@@ -3,11 +3,14 @@
 The only place that knows about engines: branch modules never ask which
 engine they run on. ``default_branches`` picks the canonical set, the
 queue-storage set, or (during a staged transition) the queue-storage set
-with the canonical drain folded into its promotion and rescues.
+with the canonical drain folded into its promotion, rescues and cleanup
+(:mod:`awa_trio.queue_storage.canonical_drain` says why, and what upstream
+does).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,7 +19,8 @@ from ..branch import BranchSpec
 from ..config import MaintenanceConfig
 from ..context import MaintenanceContext
 from ..cron import cron_branches
-from ..db import DatabaseError
+from ..db import DatabaseError, describe_error
+from ..queue_storage import canonical_drain
 from ..queue_storage import cleanup as qs_cleanup
 from ..queue_storage import promote as qs_promote
 from ..queue_storage import queue_stats as qs_queue_stats
@@ -110,50 +114,76 @@ def queue_storage_branches(config: MaintenanceConfig) -> list[BranchSpec]:
     ]
 
 
-#: Canonical branches whose rows can still be draining during a transition.
-CANONICAL_DRAIN = {
-    promote.NAME: promote.run_once,
-    rescue_heartbeats.NAME: rescue_heartbeats.run_once,
-    rescue_deadlines.NAME: rescue_deadlines.run_once,
-    rescue_callbacks.NAME: rescue_callbacks.run_once,
+#: What the canonical plane still needs while it drains (queue-storage branch
+#: name -> canonical pass folded into it): promotion and the three rescues
+#: (otherwise rows are stranded, as in upstream 0.6.1), and the deletion of
+#: finished canonical rows. See awa_trio.queue_storage.canonical_drain.
+CANONICAL_DRAIN: dict[str, RunOnce] = {
+    qs_promote.NAME: canonical_drain.drain_pass(promote.NAME, promote.run_once),
+    qs_rescue_heartbeats.NAME: canonical_drain.drain_pass(
+        rescue_heartbeats.NAME, rescue_heartbeats.run_once),
+    qs_rescue_deadlines.NAME: canonical_drain.drain_pass(
+        rescue_deadlines.NAME, rescue_deadlines.run_once),
+    qs_rescue_callbacks.NAME: canonical_drain.drain_pass(
+        rescue_callbacks.NAME, rescue_callbacks.run_once),
+    qs_cleanup.NAME: canonical_drain.delete_finished_canonical_jobs,
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class PlaneResults:
+    """What one both-planes pass did on each plane (None: that plane failed)."""
+
+    queue_storage: Any
+    canonical: Any
+
+
 def both_planes(name: str, queue_storage_pass: RunOnce, canonical_pass: RunOnce) -> RunOnce:
-    """One body that serves both planes: a database error on one plane is
-    logged and the other still runs (then the error is raised for the
-    branch's usual logging)."""
+    """One body that serves both planes. Each plane gets its pass whatever
+    the other one did: a database error is logged with the plane and the
+    branch goes on (raised only when both planes failed); any other exception
+    (a bug) is raised after the other plane has run, for the supervisor."""
 
-    async def run_once(ctx: MaintenanceContext) -> tuple[Any, Any]:
-        results: list[Any] = []
-        errors: list[DatabaseError] = []
+    async def run_once(ctx: MaintenanceContext) -> PlaneResults:
+        results: dict[str, Any] = {}
+        database_errors: list[DatabaseError] = []
+        bug: Exception | None = None
         for plane, body in (("queue_storage", queue_storage_pass), ("canonical", canonical_pass)):
+            results[plane] = None
             try:
-                results.append(await body(ctx))
+                results[plane] = await body(ctx)
             except DatabaseError as exc:
-                log.error("%s: %s plane failed: %s", name, plane, exc)
-                results.append(None)
-                errors.append(exc)
-        if len(errors) == 2:
-            raise errors[0]
-        return results[0], results[1]
+                log.error("%s: %s plane failed: %s", name, plane, describe_error(exc))
+                database_errors.append(exc)
+            except Exception as exc:
+                bug = bug or exc
+        if bug is not None:
+            raise bug
+        if len(database_errors) == 2:
+            raise database_errors[0]
+        return PlaneResults(queue_storage=results["queue_storage"], canonical=results["canonical"])
 
+    run_once.__name__ = f"{name}_both_planes"
+    run_once.__qualname__ = run_once.__name__
     return run_once
 
 
 def mixed_transition_branches(config: MaintenanceConfig) -> list[BranchSpec]:
-    """Queue storage is live but canonical rows still drain: promotion and the
-    three rescues serve both planes, written straight on the canonical tables
-    (``awa.jobs`` then shows only queue storage)."""
+    """Queue storage is live but canonical rows still drain: the queue-storage
+    set, with the canonical drain folded into promotion, the rescues and
+    cleanup, plus the ``canonical_drain`` report."""
     branches = []
     for spec in queue_storage_branches(config):
         canonical_pass = CANONICAL_DRAIN.get(spec.name)
         if canonical_pass is not None:
-            spec = BranchSpec(
-                spec.name, spec.interval, both_planes(spec.name, spec.run_once, canonical_pass),
-                cooldown=spec.cooldown, run_immediately=spec.run_immediately,
-            )
+            spec = dataclasses.replace(
+                spec, run_once=both_planes(spec.name, spec.run_once, canonical_pass))
         branches.append(spec)
+    # Read-only, so it shares the queue-stats cadence (a report, like them).
+    branches.append(BranchSpec(
+        canonical_drain.NAME, config.queue_stats_interval, canonical_drain.make_report(),
+        run_immediately=True,
+    ))
     return branches
 
 

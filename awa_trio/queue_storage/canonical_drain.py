@@ -1,0 +1,211 @@
+"""The canonical drain: what the leader owes canonical rows while a staged
+transition to queue storage is in ``mixed_transition``.
+
+Once routing flips, new work goes to queue storage, but jobs inserted before
+the flip still live on the canonical tables, and ``awa.storage_finalize()``
+refuses until ``awa.canonical_live_backlog()`` (every non-terminal
+``jobs_hot`` row plus every ``scheduled_jobs`` row) is zero. Drain-role
+runtimes (``storage_transition_role='canonical_drain'``) claim and run
+canonical ``available`` rows; only the leader turns due ``scheduled`` and
+``retryable`` rows into ``available`` ones and takes back ``running`` rows
+whose worker died.
+
+Upstream 0.6.1 strands them: only a canonical-engine leader promotes canonical
+rows, and its rescues update through the ``awa.jobs`` view, which after the
+flip shows only queue storage (``UPDATE 0``). Upstream fixed it after 0.6.5
+(#456, #458, #459): a queue-storage leader also promotes and rescues the
+canonical plane, on the physical tables, and signals no local in-flight
+attempt for it (the id sequences of the two planes overlap). awa_trio does
+the same:
+
+* promotion and the three rescues run the canonical branch modules beside the
+  queue-storage ones (those modules already write ``awa.jobs_hot`` and
+  ``awa.scheduled_jobs`` directly, never the view). Promoted canonical rows
+  stay canonical ``available`` rows under their own id, for drain runtimes
+  to claim, as upstream: moving them to queue storage would give them new
+  ids and drop callback wiring (``deferred_jobs`` has no callback columns);
+* in-flight registrations, hooks and log lines are keyed by engine as well
+  as id (the id sequences overlap): a canonical rescue cancels only an
+  attempt registered as canonical, and the drain's own lines say
+  "canonical plane";
+* finished canonical rows past retention are deleted as on the canonical
+  engine, so a long drain does not grow ``jobs_hot``;
+* the ``canonical_drain`` branch reports the backlog and warns when due
+  canonical work has no live drain runtime to run it (the one case the
+  leader cannot fix: it would wait there and finalize could never pass).
+
+Nothing is needed in ``prepared`` (routing has not flipped, the canonical set
+runs) or after finalize: finalize checks the backlog under the transition
+row's lock, and afterwards every insert routes to queue storage and no
+canonical row is left to claim, so no live canonical row can appear again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..branches import cleanup as canonical_cleanup
+from ..context import MaintenanceContext
+
+log = logging.getLogger(__name__)
+
+NAME = "canonical_drain"
+#: The plane label in this module's log lines.
+PLANE = "canonical plane"
+
+# Where the canonical backlog stands and who can still run it. A runtime is
+# live while its last snapshot is younger than three snapshot intervals, at
+# least 30 s (the window awa.storage_finalize() applies). Runtimes that block
+# finalize report a canonical or drain-only capability; runtimes that can run
+# canonical work are those, plus any canonical_drain runtime whose last
+# snapshot predates the flip (it then still says queue_storage).
+DRAIN_STATUS_SQL = """
+    WITH live_runtime AS (
+        SELECT storage_capability, transition_role
+        FROM awa.runtime_instances AS runtime
+        WHERE runtime.last_seen_at + make_interval(
+                secs => GREATEST(((GREATEST(runtime.snapshot_interval_ms, 1000) / 1000) * 3)::int, 30)
+              ) >= now()
+    )
+    SELECT
+        awa.canonical_live_backlog() AS backlog,
+        (SELECT count(*) FROM awa.jobs_hot WHERE state = 'available') AS available,
+        (SELECT count(*) FROM awa.jobs_hot WHERE state = 'running') AS running,
+        (SELECT count(*) FROM awa.jobs_hot WHERE state = 'waiting_external') AS waiting,
+        (SELECT count(*) FROM awa.scheduled_jobs) AS deferred,
+        (SELECT count(*) FROM awa.scheduled_jobs WHERE run_at <= now()) AS deferred_due,
+        (SELECT min(run_at) FROM awa.scheduled_jobs) AS next_due_at,
+        (
+            SELECT count(*) FROM live_runtime
+            WHERE storage_capability IN ('canonical', 'canonical_drain_only')
+        ) AS live_drain_runtimes,
+        (
+            SELECT count(*) FROM live_runtime
+            WHERE storage_capability IN ('canonical', 'canonical_drain_only')
+               OR transition_role = 'canonical_drain'
+        ) AS canonical_runners
+"""
+
+RunOnce = Callable[[MaintenanceContext], Awaitable[Any]]
+
+
+def drain_pass(name: str, canonical_run_once: RunOnce) -> RunOnce:
+    """A canonical branch body run as the drain of the canonical plane."""
+
+    async def run_once(ctx: MaintenanceContext) -> Any:
+        result = await canonical_run_once(ctx)
+        _log_pass(name, result)
+        return result
+
+    run_once.__name__ = f"{name}_canonical_drain"
+    run_once.__qualname__ = run_once.__name__
+    return run_once
+
+
+def _log_pass(name: str, result: Any) -> None:
+    """A plane-labelled line with the canonical ids touched (they collide
+    with queue-storage ids, so a bare id would be ambiguous)."""
+    rescued = getattr(result, "rescued", None) or []
+    cancelled = getattr(result, "duplicates_cancelled", None) or []
+    if rescued:
+        log.info("%s: %s: rescued canonical jobs %s", name, PLANE, _ids(rescued))
+    if cancelled:
+        log.info("%s: %s: cancelled canonical duplicates %s", name, PLANE, _ids(cancelled))
+    promoted = getattr(result, "promoted", None) or {}
+    if any(promoted.values()):
+        counts = ", ".join(f"{count} {state}" for state, count in promoted.items() if count)
+        log.info("%s: %s: promoted %s canonical jobs to available", name, PLANE, counts)
+
+
+def _ids(jobs: list[Any], limit: int = 20) -> str:
+    shown = ", ".join(str(job.id) for job in jobs[:limit])
+    return shown + (f" (+{len(jobs) - limit} more)" if len(jobs) > limit else "")
+
+
+async def delete_finished_canonical_jobs(
+    ctx: MaintenanceContext,
+) -> canonical_cleanup.CleanupResult:
+    """Finished canonical rows past retention (queue storage's cleanup owns
+    snapshots, descriptors and batch operations)."""
+    result = canonical_cleanup.CleanupResult()
+    await canonical_cleanup.delete_expired_jobs(ctx, result)
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class DrainStatus:
+    backlog: int
+    available: int
+    running: int
+    waiting: int
+    deferred: int
+    deferred_due: int
+    next_due_at: Any
+    #: Live runtimes that keep awa.storage_finalize() waiting.
+    live_drain_runtimes: int
+    #: Live runtimes that claim canonical work.
+    canonical_runners: int
+
+    @property
+    def stranded(self) -> int:
+        """Canonical jobs ready to run that no live runtime can claim."""
+        if self.canonical_runners:
+            return 0
+        return self.available + self.deferred_due
+
+    @property
+    def summary(self) -> tuple[int, int, int, int, int, int]:
+        """What changes a report line (next_due_at alone does not)."""
+        return (self.backlog, self.available, self.running, self.waiting, self.deferred,
+                self.live_drain_runtimes)
+
+
+async def read_drain_status(ctx: MaintenanceContext) -> DrainStatus:
+    row = await ctx.db.fetchrow(DRAIN_STATUS_SQL)
+    return DrainStatus(**{field: row[field] for field in (
+        "backlog", "available", "running", "waiting", "deferred", "deferred_due",
+        "next_due_at", "live_drain_runtimes", "canonical_runners")})
+
+
+def make_report() -> RunOnce:
+    """The ``canonical_drain`` branch body for one leader term: reports the
+    canonical backlog when it changes, and warns on every pass while due
+    canonical work has no live drain runtime."""
+    last: list[tuple[int, ...] | None] = [None]
+
+    async def run_once(ctx: MaintenanceContext) -> DrainStatus:
+        status = await read_drain_status(ctx)
+        if status.stranded:
+            log.warning(
+                "%s: %d canonical jobs are due but no canonical_drain runtime is live to run "
+                "them; start one (storage_transition_role='canonical_drain'): until then they "
+                "wait and awa.storage_finalize() cannot pass", NAME, status.stranded,
+            )
+        if status.summary != last[0]:
+            last[0] = status.summary
+            _log_status(status)
+        return status
+
+    return run_once
+
+
+def _log_status(status: DrainStatus) -> None:
+    if status.backlog:
+        log.info(
+            "%s: %d live canonical jobs (%d available, %d running, %d waiting for callbacks, "
+            "%d scheduled or retryable, next due %s); %d drain runtimes live",
+            NAME, status.backlog, status.available, status.running, status.waiting,
+            status.deferred, status.next_due_at, status.live_drain_runtimes,
+        )
+    elif status.live_drain_runtimes:
+        log.info(
+            "%s: canonical plane drained; awa.storage_finalize() passes once the %d live "
+            "drain runtimes stop and their last snapshots age out (30 s at least)",
+            NAME, status.live_drain_runtimes,
+        )
+    else:
+        log.info("%s: canonical plane drained and no drain runtime is live: "
+                 "awa.storage_finalize() can pass", NAME)
