@@ -126,3 +126,38 @@ class Listener:
     async def __aexit__(self, *exc_info) -> None:
         self._stop.set()
         await self._nursery_cm.__aexit__(*exc_info)
+
+
+# Terminal rows of a queue as upstream's exact read counts them: folded live
+# counts, pending deltas, retained compact completions minus their tombstones.
+TERMINAL_COUNT_SQL = """
+    SELECT
+        COALESCE((SELECT sum(live_terminal_count) FROM awa.queue_terminal_live_counts
+                  WHERE queue = $1), 0)
+      + COALESCE((SELECT sum(terminal_delta) FROM awa.queue_terminal_count_deltas
+                  WHERE queue = $1), 0)
+      + COALESCE((SELECT sum(completed_count) FROM awa.receipt_completion_batches
+                  WHERE queue = $1), 0)
+      - COALESCE((SELECT count(*) FROM awa.receipt_completion_tombstones
+                  WHERE queue = $1), 0)
+"""
+
+
+async def terminal_count(db, queue: str) -> int:
+    return int(await db.fetchval(TERMINAL_COUNT_SQL, queue))
+
+
+async def rotate_queue_ring(db) -> tuple[int, int]:
+    """Advance the queue ring by one slot, as a leader's rotation does when
+    the next slot is empty (tests hold the leader lock, so no runtime rotates)."""
+    async with db.transaction() as conn:
+        state = await conn.fetchrow(
+            "SELECT current_slot, generation, slot_count FROM awa.queue_ring_state "
+            "WHERE singleton FOR UPDATE")
+        slot = (state["current_slot"] + 1) % state["slot_count"]
+        generation = state["generation"] + 1
+        await conn.execute("UPDATE awa.queue_ring_state SET current_slot = $1, generation = $2 "
+                           "WHERE singleton", slot, generation)
+        await conn.execute("UPDATE awa.queue_ring_slots SET generation = $2 WHERE slot = $1",
+                           slot, generation)
+    return slot, generation
