@@ -157,3 +157,34 @@ async def test_the_branch_is_tracked_but_never_skipped_by_cooldown():
     spec = next(s for s in queue_storage_branches(config) if s.name == rollup.NAME)
     assert spec.run_once is rollup.run_once
     assert spec.cooldown is False and spec.interval == 30.0
+
+
+async def test_at_most_four_slots_are_folded_per_tick_oldest_generation_first(
+    qs_ctx, qs_db, qs_database_url, qs_awa_client
+):
+    async with holding_leader_lock(qs_db):
+        slots = []
+        with trio.fail_after(90):
+            async with awa_pg_worker(qs_database_url, "doomed:failing", behaviour="fail",
+                                     extra_args=["--role", "auto", "--mute-maintenance"]):
+                for lap in range(5):
+                    slots.append(await qs_db.fetchval(
+                        "SELECT current_slot FROM awa.queue_ring_state"))
+                    await trio.to_thread.run_sync(lambda: qs_awa_client.insert_many_copy(
+                        [{"lap": lap, "n": i} for i in range(3)], kind="doomed",
+                        queue="failing", max_attempts=1))
+                    while await qs_db.fetchval(
+                            "SELECT count(*) FROM awa.done_entries WHERE queue = 'failing'"
+                    ) < 3 * (lap + 1):
+                        await trio.sleep(0.1)
+                    await trio.sleep(0.3)
+                    await rotate_queue_ring(qs_db)
+
+        first = await rollup.run_once(qs_ctx)
+        assert [entry[0] for entry in first.slots] == slots[:4]
+        assert (first.rolled_slots, first.delta_rows) == (4, 12)
+        second = await rollup.run_once(qs_ctx)
+        assert [entry[0] for entry in second.slots] == slots[4:]
+        assert (second.rolled_slots, second.delta_rows) == (1, 3)
+        assert await terminal_count(qs_db, "failing") == 15
+        assert await failed_stat(qs_awa_client, "failing") == 15
