@@ -4,7 +4,7 @@ and holding jobs), rotate and prune called directly or through the tick."""
 
 from __future__ import annotations
 
-import datetime
+import dataclasses
 
 import pytest
 import trio
@@ -25,6 +25,9 @@ from support.qs_rings import (
     ring_state,
     run_worker_until,
     slot_generations,
+    exact_terminal_total,
+    finish_jobs,
+    pruned_rollups,
     slot_row_counts,
     terminal_states,
     wait_until,
@@ -130,3 +133,268 @@ async def test_prune_of_an_empty_sealed_slot_takes_no_lock(qs_ctx):
         await holder.close()
     assert result.outcome is PruneOutcome.NOOP
     assert result.slot == target
+
+
+async def test_pending_ready_rows_skip_prune_before_any_exclusive_lock(qs_ctx, qs_awa_client):
+    slot, generation = await ring_state(qs_ctx.db)
+    await insert_jobs(qs_awa_client, 2, kind="ring_pending")
+    await rotate_queue.rotate(qs_ctx)
+    # A reader holds ACCESS SHARE on the slot's ready child: had prune asked
+    # for ACCESS EXCLUSIVE it would have waited out its lock timeout and
+    # reported Blocked, and pg_locks would show the waiting request.
+    ready_child = child("awa", "ready_entries", slot)
+    holder = await access_share_holder(qs_ctx.db, ready_child)
+    try:
+        result = await rotate_queue.prune(qs_ctx, lock_timeout=2.0)
+        assert await holder.fetchval(f"SELECT count(*) FROM {ready_child}") == 2
+    finally:
+        await holder.close()
+    assert result.outcome is PruneOutcome.SKIPPED_ACTIVE
+    assert (result.slot, result.reason, result.count) == (slot, "queue.pending_ready", 1)
+    assert await exclusive_locks_on(qs_ctx.db, [ready_child]) == []
+    assert (await slot_row_counts(qs_ctx.db, slot))["queue.ready_rows"] == 2
+
+
+async def test_an_open_claim_skips_prune_before_and_after_the_lock_wait(
+        qs_ctx, qs_awa_client, qs_database_url):
+    slot, generation = await ring_state(qs_ctx.db)
+    [job_id] = await insert_jobs(qs_awa_client, 1, kind="ring_hang")
+    async with leader_lock_held(qs_ctx.db), awa_pg_worker(
+            qs_database_url, "ring_hang", behaviour="hang", extra_args=["--role", "auto"]) as worker:
+        await worker.wait_for_line(f"START {job_id}", timeout=30)
+        await rotate_queue.rotate(qs_ctx)
+        # Claimed (no pending ready row left), still running: the claim has
+        # no closure evidence yet, so the slot is still needed.
+        result = await rotate_queue.prune(qs_ctx)
+        assert result.outcome is PruneOutcome.SKIPPED_ACTIVE
+        assert result.reason == "queue.unclosed_claim_refs", result
+        assert (await job_states(qs_awa_client, [job_id]))[job_id] == "running"
+    assert (await slot_row_counts(qs_ctx.db, slot))["queue.ready_rows"] == 1
+
+
+async def test_work_that_commits_during_the_lock_wait_is_seen_by_the_second_gate(
+        qs_ctx, qs_awa_client, qs_database_url):
+    slot, generation = await ring_state(qs_ctx.db)
+    ids = await insert_jobs(qs_awa_client, 3, kind="ring_done")
+    await finish_jobs(qs_database_url, qs_ctx.db, qs_awa_client, "ring_done", "complete", ids)
+    await rotate_queue.rotate(qs_ctx)
+    done_child = child("awa", "done_entries", slot)
+    receipt_child = child("awa", "receipt_completion_batches", slot)
+    holder = await access_share_holder(qs_ctx.db, receipt_child)
+    results = []
+    async with trio.open_nursery() as nursery:
+        async def prune_waiting():
+            results.append(await rotate_queue.prune(qs_ctx, lock_timeout=10.0))
+        nursery.start_soon(prune_waiting)
+        # Wait until the prune queues for its exclusive lock behind the reader.
+        await wait_until(lambda: _waiting_exclusive(qs_ctx.db, receipt_child), timeout=10)
+        # Meanwhile a lease of the slot's generation commits (a claim racing
+        # the prune; leases are not among the locked children).
+        await qs_ctx.db.execute(
+            "INSERT INTO awa.leases (lease_slot, lease_generation, ready_slot, ready_generation, "
+            "job_id, queue, priority, lane_seq) "
+            "SELECT current_slot, generation, $1, $2, 999999, 'default', 2, 999999 "
+            "FROM awa.lease_ring_state", slot, generation)
+        await holder.execute("COMMIT")
+    await holder.close()
+    [result] = results
+    assert result.outcome is PruneOutcome.SKIPPED_ACTIVE
+    assert result.reason == "queue.active_leases"
+    # Nothing was truncated.
+    assert (await slot_row_counts(qs_ctx.db, slot))["queue.ready_rows"] == 3
+    assert done_child
+
+
+async def _waiting_exclusive(db, table: str) -> bool:
+    locks = await exclusive_locks_on(db, [table])
+    return any(not lock["granted"] for lock in locks)
+
+
+async def test_a_reader_blocks_prune_until_it_lets_go(qs_ctx, qs_awa_client, qs_database_url):
+    slot, _ = await ring_state(qs_ctx.db)
+    ids = await insert_jobs(qs_awa_client, 4, kind="ring_done")
+    await finish_jobs(qs_database_url, qs_ctx.db, qs_awa_client, "ring_done", "complete", ids)
+    await rotate_queue.rotate(qs_ctx)
+    receipt_child = child("awa", "receipt_completion_batches", slot)
+    holder = await access_share_holder(qs_ctx.db, receipt_child)
+    try:
+        started = trio.current_time()
+        blocked = await rotate_queue.prune(qs_ctx, lock_timeout=0.05)
+        waited = trio.current_time() - started
+        # The reader was never made to wait, and no lock request is left behind.
+        assert await holder.fetchval(f"SELECT count(*) FROM {receipt_child}") >= 1
+        assert await exclusive_locks_on(qs_ctx.db, [receipt_child]) == []
+    finally:
+        await holder.close()
+    assert blocked.outcome is PruneOutcome.BLOCKED
+    assert blocked.slot == slot
+    assert waited < 2.0
+
+    pruned = await rotate_queue.prune(qs_ctx)
+    assert pruned.outcome is PruneOutcome.PRUNED
+    assert pruned.slot == slot
+    assert await slot_row_counts(qs_ctx.db, slot) == {label: 0 for label, _ in QUEUE_SLOT_CHILDREN}
+    assert pruned.details["folded_completed"] == 4
+    assert await pruned_rollups(qs_ctx.db, "default") == (4, 0)
+    # The ring moves on onto the emptied slot once it comes round.
+    slot_count = await qs_ctx.db.fetchval("SELECT slot_count FROM awa.queue_ring_state")
+    await rotate_to_slot(qs_ctx, slot)
+    assert (await ring_state(qs_ctx.db))[0] == slot
+
+
+async def test_failed_rows_inside_the_floor_survive_prune_and_stay_retryable(
+        qs_database_url, qs_db, qs_awa_client, meter_provider):
+    ctx = await make_context(qs_db, meter_provider=meter_provider, failed_retention=DAY)
+    slot, _ = await ring_state(qs_db)
+    ids = await insert_jobs(qs_awa_client, 6, kind="ring_fail", max_attempts=1)
+    await finish_jobs(qs_database_url, qs_db, qs_awa_client, "ring_fail", "fail", ids)
+    assert set((await job_states(qs_awa_client, ids)).values()) == {"failed"}
+    old, young = ids[:2], ids[2:]
+    # Two failures finalised long ago: outside the one-day floor.
+    await qs_db.execute(
+        "UPDATE awa.done_entries SET finalized_at = now() - interval '2 days' "
+        "WHERE job_id = ANY($1::bigint[])", old)
+    total_before = await exact_terminal_total(qs_db, "default")
+    assert total_before == 6
+
+    await rotate_queue.rotate(ctx)
+    live_slot, live_generation = await ring_state(qs_db)
+    result = await rotate_queue.prune(ctx)
+    assert result.outcome is PruneOutcome.PRUNED and result.slot == slot
+    assert result.details["carried_failed_rows"] == 4
+    assert result.details["rewritten_rows"] == 4
+    assert result.details["folded_failed"] == 2
+
+    rows = await done_rows(qs_db)
+    assert [r["job_id"] for r in rows] == young
+    assert {(r["ready_slot"], r["ready_generation"]) for r in rows} == {(live_slot, live_generation)}
+    # Self-contained: args survive the truncate of their ready rows.
+    assert all(r["args"] is not None and "n" in r["args"] for r in rows)
+    states = await job_states(qs_awa_client, ids)
+    assert states == {job_id: "failed" for job_id in young}
+    # Counts stay exact: two folded into the rollup, four still live.
+    assert await pruned_rollups(qs_db, "default") == (0, 2)
+    assert await exact_terminal_total(qs_db, "default") == total_before
+
+    retried = await in_thread(qs_awa_client.retry_failed, kind="ring_fail")
+    assert sorted(job.id for job in retried.jobs) == young if hasattr(retried.jobs, "__iter__") \
+        else retried.jobs == 4
+    states = await job_states(qs_awa_client, young)
+    assert set(states.values()) <= {"available", "scheduled", "retryable"}
+    assert await done_rows(qs_db) == []
+
+
+async def test_an_idle_ring_does_not_rewrite_failed_rows_every_lap(
+        qs_database_url, qs_db, qs_awa_client, meter_provider):
+    """Upstream copies every failed row inside the floor into the live slot
+    once a lap, traffic or not; here an idle ring leaves them where they are
+    (rotation waits on them), and the first job that arrives releases them."""
+    ctx = await make_context(qs_db, meter_provider=meter_provider, failed_retention=DAY)
+    ids = await insert_jobs(qs_awa_client, 5, kind="ring_fail", max_attempts=1)
+    await finish_jobs(qs_database_url, qs_db, qs_awa_client, "ring_fail", "fail", ids)
+    slot_count = await qs_db.fetchval("SELECT slot_count FROM awa.queue_ring_state")
+
+    async def laps(n: int, **prune_options) -> tuple[int, int]:
+        rewritten = rotations = 0
+        for _ in range(n * slot_count):
+            if (await rotate_queue.rotate(ctx)).rotated:
+                rotations += 1
+            result = await rotate_queue.prune(ctx, **prune_options)
+            rewritten += result.details.get("rewritten_rows", 0)
+        return rewritten, rotations
+
+    # Upstream's rule, for the record: carried rows land in the live slot,
+    # which is the oldest again slot_count - 1 rotations later, so all five
+    # are rewritten once every slot_count - 1 rotations.
+    upstream_rewritten, upstream_rotations = await laps(3, defer_idle_carry=False)
+    assert upstream_rotations == 3 * slot_count
+    assert upstream_rewritten == 5 * (1 + (3 * slot_count - 1) // (slot_count - 1))
+
+    # Ours: the ring parks before the slot holding them; nothing rewritten.
+    ours_rewritten, ours_rotations = await laps(3)
+    assert ours_rewritten == 0
+    assert ours_rotations <= slot_count
+    busy = await rotate_queue.rotate(ctx)
+    assert not busy.rotated and busy.blockers["queue.done_rows"] == 1
+    assert set((await job_states(qs_awa_client, ids)).values()) == {"failed"}
+    assert await exact_terminal_total(qs_db, "default") == 5
+
+    # Traffic: the live slot gets a ready row, the prune carries (once), and
+    # the ring moves on.
+    await insert_jobs(qs_awa_client, 1, kind="ring_other")
+    result = await rotate_queue.prune(ctx)
+    assert result.outcome is PruneOutcome.PRUNED
+    assert result.details["rewritten_rows"] == 5
+    assert (await rotate_queue.rotate(ctx)).rotated
+    assert set((await job_states(qs_awa_client, ids)).values()) == {"failed"}
+    assert await exact_terminal_total(qs_db, "default") == 5
+
+
+async def test_rows_past_the_floor_still_expire_on_an_idle_ring(
+        qs_database_url, qs_db, qs_awa_client, meter_provider):
+    ctx = await make_context(qs_db, meter_provider=meter_provider, failed_retention=DAY,
+                             queue_rotate_interval=1.0)
+    ids = await insert_jobs(qs_awa_client, 3, kind="ring_fail", max_attempts=1)
+    await finish_jobs(qs_database_url, qs_db, qs_awa_client, "ring_fail", "fail", ids)
+    slot_count = await qs_db.fetchval("SELECT slot_count FROM awa.queue_ring_state")
+    for _ in range(2 * slot_count):  # park the idle ring on the carried rows
+        await rotate_queue.rotate(ctx)
+        await rotate_queue.prune(ctx)
+    assert not (await rotate_queue.rotate(ctx)).rotated
+    # One row left the floor more than a lap (16 x 1 s) ago.
+    await qs_db.execute(
+        "UPDATE awa.done_entries SET finalized_at = now() - interval '1 day 1 minute' "
+        "WHERE job_id = $1", ids[0])
+    result = await rotate_queue.prune(ctx)
+    assert result.outcome is PruneOutcome.PRUNED
+    assert result.details["folded_failed"] == 1
+    assert result.details["rewritten_rows"] == 2
+    assert sorted(await job_states(qs_awa_client, ids)) == ids[1:]
+    assert await exact_terminal_total(qs_db, "default") == 3
+
+
+async def test_terminal_counts_stay_exact_over_laps_of_real_work(
+        qs_database_url, qs_db, qs_awa_client, meter_provider):
+    ctx = await make_context(qs_db, meter_provider=meter_provider, failed_retention=DAY)
+    completed = await insert_jobs(qs_awa_client, 6, kind="ring_done")
+    await finish_jobs(qs_database_url, qs_db, qs_awa_client, "ring_done", "complete", completed)
+    await rotate_queue.rotate(ctx)
+    failed = await insert_jobs(qs_awa_client, 4, kind="ring_fail", max_attempts=1)
+    await finish_jobs(qs_database_url, qs_db, qs_awa_client, "ring_fail", "fail", failed)
+    await rotate_queue.rotate(ctx)
+    stats_before = await in_thread(qs_awa_client.queue_stats)
+    assert await exact_terminal_total(qs_db, "default") == 10
+
+    outcomes = []
+    slot_count = await qs_db.fetchval("SELECT slot_count FROM awa.queue_ring_state")
+    for _ in range(2 * slot_count):
+        await rotate_queue.rotate(ctx)
+        outcomes.append((await rotate_queue.prune(ctx)).outcome)
+        assert await exact_terminal_total(qs_db, "default") == 10
+    assert PruneOutcome.PRUNED in outcomes
+    assert await pruned_rollups(qs_db, "default") == (6, 0)
+    assert sorted(r["job_id"] for r in await done_rows(qs_db, "failed")) == failed
+    stats_after = await in_thread(qs_awa_client.queue_stats)
+    assert [(s.queue, s.failed, s.available, s.running) for s in stats_after] == [
+        (s.queue, s.failed, s.available, s.running) for s in stats_before]
+    assert {s.failed for s in stats_after if s.queue == "default"} == {4}
+
+
+async def test_the_tracker_backoff_gates_prune(qs_ctx, qs_awa_client, metric_reader):
+    await insert_jobs(qs_awa_client, 1, kind="ring_pending")
+    await rotate_queue.rotate(qs_ctx)
+    async with trio.open_nursery() as nursery:
+        tracker = await nursery.start(run_tracker, qs_ctx.metrics)
+        ctx = dataclasses.replace(qs_ctx, tracker=tracker)
+        first = await rotate_queue.run_once(ctx)
+        assert first.prune.outcome is PruneOutcome.SKIPPED_ACTIVE
+        assert first.prune.reason == "queue.pending_ready"
+        # Backoff level 1: the next two prunes are skipped, the third runs.
+        ticks = [await rotate_queue.run_once(ctx) for _ in range(3)]
+        assert [t.prune_backed_off for t in ticks] == [True, True, False]
+        assert ticks[2].prune.outcome is PruneOutcome.SKIPPED_ACTIVE
+        nursery.cancel_scope.cancel()
+    prunes = metric_points(metric_reader, "awa.maintenance.prune.attempts")
+    assert [(a, p.value) for a, p in prunes] == [
+        ({"awa.ring": "queue", "awa.ring.outcome": "skipped_active",
+          "awa.ring.reason": "queue.pending_ready"}, 2)]
