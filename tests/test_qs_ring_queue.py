@@ -398,3 +398,63 @@ async def test_the_tracker_backoff_gates_prune(qs_ctx, qs_awa_client, metric_rea
     assert [(a, p.value) for a, p in prunes] == [
         ({"awa.ring": "queue", "awa.ring.outcome": "skipped_active",
           "awa.ring.reason": "queue.pending_ready"}, 2)]
+
+
+async def test_prune_reads_committed_even_when_the_database_defaults_to_repeatable_read(
+        qs_database_url, qs_db, qs_awa_client, meter_provider):
+    """The post-lock gates must see work that committed while the prune
+    waited; a repeatable-read snapshot taken before the wait would not, and
+    TRUNCATE would then drop a slot a claim still needs."""
+    from awa_trio.db import open_database
+
+    slot, generation = await ring_state(qs_db)
+    ids = await insert_jobs(qs_awa_client, 2, kind="ring_done")
+    await finish_jobs(qs_database_url, qs_db, qs_awa_client, "ring_done", "complete", ids)
+    database = await qs_db.fetchval("SELECT current_database()")
+    await qs_db.execute(f'ALTER DATABASE "{database}" SET default_transaction_isolation = '
+                        "'repeatable read'")
+    async with open_database(qs_database_url) as rr_db:
+        assert await rr_db.fetchval("SHOW default_transaction_isolation") == "repeatable read"
+        ctx = await make_context(rr_db, meter_provider=meter_provider)
+        await rotate_queue.rotate(ctx)
+        receipt_child = child("awa", "receipt_completion_batches", slot)
+        holder = await access_share_holder(qs_db, receipt_child)
+        results = []
+        async with trio.open_nursery() as nursery:
+            async def prune_waiting():
+                results.append(await rotate_queue.prune(ctx, lock_timeout=10.0))
+            nursery.start_soon(prune_waiting)
+            await wait_until(lambda: _waiting_exclusive(qs_db, receipt_child), timeout=10)
+            await qs_db.execute(
+                "INSERT INTO awa.leases (lease_slot, lease_generation, ready_slot, ready_generation, "
+                "job_id, queue, priority, lane_seq) "
+                "SELECT current_slot, generation, $1, $2, 999999, 'default', 2, 999999 "
+                "FROM awa.lease_ring_state", slot, generation)
+            await holder.execute("COMMIT")
+        await holder.close()
+    [result] = results
+    assert (result.outcome, result.reason) == (PruneOutcome.SKIPPED_ACTIVE, "queue.active_leases")
+    assert (await slot_row_counts(qs_db, slot))["queue.receipt_completion_batch_rows"] >= 1
+
+
+async def test_a_snapshot_older_than_a_prune_misses_the_carried_rows(
+        qs_database_url, qs_db, qs_awa_client, meter_provider):
+    """What README warns about: TRUNCATE is not MVCC-safe. A repeatable-read
+    reader whose snapshot predates the prune sees neither the truncated slot
+    nor the rows carried out of it; a fresh statement sees them all."""
+    ctx = await make_context(qs_db, meter_provider=meter_provider, failed_retention=DAY)
+    ids = await insert_jobs(qs_awa_client, 3, kind="ring_fail", max_attempts=1)
+    await finish_jobs(qs_database_url, qs_db, qs_awa_client, "ring_fail", "fail", ids)
+    await rotate_queue.rotate(ctx)
+    reader = await qs_db.connect_dedicated()
+    try:
+        await reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await reader.fetchval("SELECT 1")  # snapshot taken, no table touched yet
+        result = await rotate_queue.prune(ctx)
+        assert result.outcome is PruneOutcome.PRUNED and result.details["carried_failed_rows"] == 3
+        stale = await reader.fetchval("SELECT count(*) FROM awa.done_entries WHERE state = 'failed'")
+        await reader.execute("ROLLBACK")
+    finally:
+        await reader.close()
+    assert stale == 0
+    assert await qs_db.fetchval("SELECT count(*) FROM awa.done_entries WHERE state = 'failed'") == 3
