@@ -1,0 +1,192 @@
+"""Real claims and leases on a queue-storage database, for ring tests.
+
+Also a small awa-pg worker (run this file as a script) whose handler
+registers a callback, which materialises the attempt into a ``leases`` row,
+then either hangs or returns: ``python qs_claims.py DSN KIND:QUEUE``. Job
+args ``{"hang": true}`` hang, anything else completes. Prints READY,
+``START <id>`` and ``DONE <id>`` lines like awa_pg_worker.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+THIS_SCRIPT = Path(__file__)
+
+CURSOR_SQL = "SELECT current_slot, generation, slot_count FROM awa.{ring}_ring_state WHERE singleton"
+
+# A claim for the job's ready row, as a claimer that read the cursor before a
+# rotation writes it: into the slot it read, not the current one.
+LAGGARD_CLAIM_SQL = """
+    INSERT INTO awa.lease_claims (
+        claim_slot, job_id, run_lease, ready_slot, ready_generation, queue,
+        priority, attempt, max_attempts, lane_seq, enqueue_shard, deadline_at
+    )
+    SELECT $1, job_id, run_lease + 1, ready_slot, ready_generation, queue,
+           priority, attempt + 1, max_attempts, lane_seq, enqueue_shard,
+           now() + interval '5 minutes'
+    FROM awa.ready_entries
+    WHERE job_id = $2
+"""
+
+LAGGARD_LEASE_SQL = """
+    INSERT INTO awa.leases (
+        lease_slot, lease_generation, ready_slot, ready_generation, job_id, queue,
+        priority, attempt, run_lease, max_attempts, lane_seq, enqueue_shard,
+        heartbeat_at, attempted_at
+    )
+    SELECT $1, $2, ready_slot, ready_generation, job_id, queue,
+           priority, attempt + 1, run_lease + 1, max_attempts, lane_seq, enqueue_shard,
+           now(), now()
+    FROM awa.ready_entries
+    WHERE job_id = $3
+"""
+
+WAITING_FOR_EXCLUSIVE_SQL = """
+    SELECT EXISTS (
+        SELECT 1 FROM pg_locks
+        WHERE relation = $1::regclass AND mode = 'AccessExclusiveLock' AND NOT granted
+    )
+"""
+
+WAITING_ON_LOCK_SQL = """
+    SELECT EXISTS (
+        SELECT 1 FROM pg_stat_activity
+        WHERE datname = current_database() AND wait_event_type = 'Lock'
+          AND query ILIKE $1
+    )
+"""
+
+CLAIM_CHILD_TABLES = ("lease_claims", "lease_claim_batches", "lease_claim_closures",
+                      "lease_claim_closure_batches")
+
+
+async def ring_cursor(db, ring: str) -> tuple[int, int, int]:
+    row = await db.fetchrow(CURSOR_SQL.format(ring=ring))
+    return row["current_slot"], row["generation"], row["slot_count"]
+
+
+async def slot_rows(db, table: str, slot: int) -> int:
+    return await db.fetchval(f"SELECT count(*) FROM awa.{table}_{slot}")
+
+
+async def claim_slot_rows(db, slot: int) -> dict[str, int]:
+    return {table: await slot_rows(db, table, slot) for table in CLAIM_CHILD_TABLES}
+
+
+async def relfilenode(db, table: str) -> int:
+    return await db.fetchval("SELECT relfilenode FROM pg_class WHERE oid = $1::regclass", table)
+
+
+async def wait_until(predicate, *, timeout: float = 20.0, interval: float = 0.05) -> None:
+    with trio.fail_after(timeout):
+        while not await predicate():
+            await trio.sleep(interval)
+
+
+async def wait_for_exclusive_waiter(db, table: str, timeout: float = 10.0) -> None:
+    """Until some session queues for ACCESS EXCLUSIVE on ``table``."""
+    await wait_until(lambda: db.fetchval(WAITING_FOR_EXCLUSIVE_SQL, table), timeout=timeout)
+
+
+async def wait_for_lock_waiter(db, query_pattern: str, timeout: float = 10.0) -> None:
+    """Until a session running a query like ``query_pattern`` waits on a lock."""
+    await wait_until(lambda: db.fetchval(WAITING_ON_LOCK_SQL, query_pattern), timeout=timeout)
+
+
+@asynccontextmanager
+async def leader_lock_held(db):
+    """Hold Awa's leader lock on a connection of our own, so that no awa-pg
+    runtime the test starts ever leads (and rotates the rings itself)."""
+    from awa_trio.leadership import LOCK_KEY
+
+    conn = await db.connect_dedicated(application_name="test-leader-lock")
+    try:
+        assert await conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY)
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def insert_job(client, kind: str, queue: str, args: dict | None = None) -> int:
+    job = await trio.to_thread.run_sync(
+        lambda: client.insert(args or {}, kind=kind, queue=queue))
+    return job.id
+
+
+async def claim_closed(db, job_id: int) -> bool:
+    """The attempt's claim has closure evidence (explicit or compact)."""
+    return await db.fetchval(
+        """
+        SELECT EXISTS (SELECT 1 FROM awa.lease_claim_closures WHERE job_id = $1)
+            OR EXISTS (
+                SELECT 1 FROM awa.lease_claims AS claims
+                JOIN awa.lease_claim_closure_batches AS batches
+                  ON batches.claim_slot = claims.claim_slot
+                 AND batches.receipt_ranges @> claims.receipt_id
+                WHERE claims.job_id = $1)
+        """,
+        job_id,
+    )
+
+
+async def claim_slot_of(db, job_id: int) -> int | None:
+    return await db.fetchval("SELECT claim_slot FROM awa.lease_claims WHERE job_id = $1", job_id)
+
+
+@asynccontextmanager
+async def callback_worker(dsn: str, spec: str):
+    """An awa-pg worker running this file's callback handler for KIND:QUEUE."""
+    from support.awa_pg import WorkerProcess
+
+    argv = [sys.executable, str(THIS_SCRIPT), dsn, spec]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    async with trio.open_nursery() as nursery:
+        process = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, env=env)
+        worker = WorkerProcess(process)
+        nursery.start_soon(worker._read)
+        try:
+            await worker.wait_for_line("READY", timeout=30)
+            yield worker
+        finally:
+            if process.returncode is None:
+                process.kill()
+            with trio.move_on_after(5, shield=True):
+                await process.wait()
+            nursery.cancel_scope.cancel()
+
+
+def _worker_main() -> None:
+    import awa
+
+    dsn, spec = sys.argv[1], sys.argv[2]
+    kind, _, queue = spec.partition(":")
+
+    async def main() -> None:
+        client = awa.AsyncClient(dsn)
+
+        @client.task(dict, kind=kind, queue=queue)
+        async def handle(job):
+            print("START", job.id, flush=True)
+            await job.register_callback(timeout_seconds=3600)
+            if job.args.get("hang"):
+                await asyncio.Event().wait()
+            print("DONE", job.id, flush=True)
+
+        await client.start([{"name": queue, "max_workers": 4}], storage_transition_role="auto",
+                           poll_interval_ms=50)
+        print("READY", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    _worker_main()
