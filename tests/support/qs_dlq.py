@@ -68,17 +68,18 @@ async def holding_leader_lock(db):
 
 
 async def fail_jobs_with_awa_pg(dsn: str, db, queue: str, job_ids: list[int],
-                                timeout: float = 60.0) -> None:
+                                timeout: float = 60.0, until_state: str = "failed") -> None:
     """Run a real awa-pg worker that fails every ``dlq_probe`` job of
-    ``queue`` until all of ``job_ids`` are failed (one attempt each)."""
+    ``queue`` until all of ``job_ids`` are in ``until_state`` (``failed``
+    for one-attempt jobs, ``retryable`` otherwise)."""
     async with holding_leader_lock(db):
         async with awa_pg_worker(dsn, f"{DLQ_KIND}:{queue}", behaviour="fail",
                                  extra_args=["--role", "auto"]):
             with trio.fail_after(timeout):
                 while True:
                     failed = await db.fetchval(
-                        "SELECT count(*) FROM awa.jobs WHERE id = ANY($1) AND state = 'failed'",
-                        job_ids,
+                        "SELECT count(*) FROM awa.jobs WHERE id = ANY($1) AND state = $2::awa.job_state",
+                        job_ids, until_state,
                     )
                     if failed == len(job_ids):
                         return
