@@ -263,7 +263,11 @@ async def open_database(
     :class:`QueryError` for a server that refuses us (bad database, role).
     A malformed DSN raises :class:`ConnectionLost` too, with asyncpg's reason.
     """
-    settings = {"application_name": application_name}
+    # JIT off: maintenance statements are short OLTP queries, but one over
+    # every partition of the queue-storage rings is costed high enough to be
+    # JIT-compiled, which took 11 s per pass here (uninterruptible, so a
+    # cancelled pass took as long).
+    settings = {"application_name": application_name, "jit": "off"}
     if lock_timeout is not None:
         settings["lock_timeout"] = f"{int(lock_timeout * 1000)}ms"
     connect_kwargs: dict[str, Any] = {"timeout": connect_timeout, "server_settings": settings}
