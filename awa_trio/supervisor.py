@@ -7,7 +7,8 @@ with the canonical drain (during a staged transition). When the watch sees
 the storage move on (an awa-pg runtime finalising a fresh database to queue
 storage, a transition entering mixed mode or finishing), that term ends and
 the next one, still under the same lock, runs the right set with fresh
-tracker state. Only a schema awa_trio cannot maintain at all (an unsupported
+tracker state. A move that keeps the set (canonical -> prepared) is logged
+and the term goes on. Only a schema awa_trio cannot maintain at all (an unsupported
 version or engine) raises UnsupportedSchema and stops the service.
 
 Starts everything with ``nursery.start`` (so a failure before an actor is
@@ -105,14 +106,17 @@ async def read_supported_schema(ctx: MaintenanceContext) -> SchemaInfo:
     return info
 
 
-async def check_schema_unchanged(ctx: MaintenanceContext) -> SchemaInfo:
+async def check_schema_unchanged(
+    ctx: MaintenanceContext, last_seen: SchemaInfo | None = None
+) -> SchemaInfo:
     """Raise StorageMoved if the branch set chosen for ``ctx.schema`` no
-    longer fits, UnsupportedSchema if nothing would."""
+    longer fits (naming ``last_seen``, the state read before, as where it
+    moved from), UnsupportedSchema if nothing would."""
     info = await read_supported_schema(ctx)
     if info.branch_set != ctx.schema.branch_set or (
         info.queue_storage_schema != ctx.schema.queue_storage_schema and info.runs_queue_storage
     ):
-        raise StorageMoved(ctx.schema, info)
+        raise StorageMoved(last_seen or ctx.schema, info)
     return info
 
 
@@ -122,7 +126,7 @@ async def watch_schema(ctx: MaintenanceContext) -> None:
     while True:
         await trio.sleep(period)
         try:
-            info = await check_schema_unchanged(ctx)
+            info = await check_schema_unchanged(ctx, known)
         except DatabaseError as exc:
             log.warning("schema check failed (will retry): %s", exc)
             continue

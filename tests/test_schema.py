@@ -1,6 +1,7 @@
 """The schema contract: supported versions and engines, refused with one line."""
 
 import dataclasses
+import logging
 
 import pytest
 import trio
@@ -8,6 +9,7 @@ import trio
 from awa_trio import MaintenanceConfig, MaintenanceService, UnsupportedSchema
 from awa_trio.branches.registry import default_branches
 from awa_trio.schema import check_schema
+from awa_trio.supervisor import STORAGE_POLL_INTERVAL
 from support.helpers import leader_lock_holders
 
 SWITCH_TO_QUEUE_STORAGE_SQL = """
@@ -90,3 +92,44 @@ async def test_engine_change_while_leading_restarts_the_term_with_the_new_branch
             assert await leader_lock_holders(db) == [lock_pid]
             service.stop()
     assert await leader_lock_holders(db) == []
+
+
+PREPARE_SQL = "SELECT state FROM awa.storage_prepare('queue_storage', '{\"schema\": \"awa\"}')"
+ENTER_MIXED_TRANSITION_SQL = """
+    UPDATE awa.storage_transition_state
+    SET state = 'mixed_transition', transition_epoch = transition_epoch + 1, updated_at = now()
+"""
+
+
+async def test_prepare_keeps_the_canonical_term_and_the_flip_ends_it(database_url, db, caplog):
+    """Prepared routes nothing to queue storage yet: the canonical term goes
+    on (logged); the routing flip then ends it within a storage poll, and the
+    mixed-transition term keeps the lock."""
+    caplog.set_level(logging.INFO, logger="awa_trio.supervisor")
+    # A long lock check: the storage is still polled every STORAGE_POLL_INTERVAL.
+    service = MaintenanceService(
+        database_url, MaintenanceConfig(leader_election_interval=0.2, leader_check_interval=30),
+        branch_factory=idle_default_branches,
+    )
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            await service.wait_until_leader()
+            lock_pid = service.lock_backend_pid
+            branches = service.branches
+            assert await db.fetchval(PREPARE_SQL) == "prepared"
+            while "storage state changed from canonical to prepared" not in caplog.text:
+                await trio.sleep(0.05)
+            assert service.branches == branches and "storage moved" not in caplog.text
+
+            flipped = trio.current_time()
+            await db.execute(ENTER_MIXED_TRANSITION_SQL)
+            while service.schema.state != "mixed_transition":
+                await trio.sleep(0.05)
+            assert trio.current_time() - flipped < STORAGE_POLL_INTERVAL + 2
+            assert "canonical_drain" in {spec.name for spec in service.branches}
+            assert ("storage moved from canonical (prepared) to queue_storage (mixed_transition)"
+                    in caplog.text)
+            assert service.lock_backend_pid == lock_pid
+            assert await leader_lock_holders(db) == [lock_pid]
+            service.stop()
