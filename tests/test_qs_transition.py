@@ -166,17 +166,21 @@ class Producer:
 
     def __init__(self, client):
         self.client = client
+        #: Jobs that must complete (token -> kind).
         self.tokens: dict[str, str] = {}
         self._numbers = itertools.count()
 
-    async def insert(self, phase: str, kind: str, *, queue: str = QUEUE, delay: float | None = None):
+    async def insert(self, phase: str, kind: str, *, queue: str = QUEUE,
+                     delay: float | None = None, max_attempts: int = 25,
+                     must_complete: bool = True):
         token = f"{phase}-{kind}-{next(self._numbers)}"
         run_at = None
         if delay is not None:
             run_at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=delay)
         await trio.to_thread.run_sync(lambda: self.client.insert(
-            {"token": token}, kind=kind, queue=queue, run_at=run_at))
-        self.tokens[token] = kind
+            {"token": token}, kind=kind, queue=queue, run_at=run_at, max_attempts=max_attempts))
+        if must_complete:
+            self.tokens[token] = kind
         return token
 
     async def insert_many(self, phase: str, counts: dict[str, int], **options) -> list[str]:
@@ -250,6 +254,9 @@ async def test_staged_transition_with_awa_pg_loses_no_job(database_url, db, awa_
             # A canonical flaky job whose first attempt runs after the flip:
             # awa-pg 0.6.1 then writes its retry through awa.jobs, which misses.
             late_first_attempt = await producer.insert_many("late", {"flaky": 1}, delay=3600)
+            # The same on its last attempt: the failure must be recorded, not re-run.
+            last_attempt = await producer.insert(
+                "late", "flaky", delay=3600, max_attempts=1, must_complete=False)
             await producer.insert_many("prepared", {"ok": 3})
             # The worker that dies: the only one serving HANG_QUEUE until the kill.
             doomed = await fleet.start("canonical_drain", HANG_QUEUE)
@@ -289,10 +296,13 @@ async def test_staged_transition_with_awa_pg_loses_no_job(database_url, db, awa_
             assert "canonical_drain" in branch_names(second)
 
             # The held canonical rows come due now, after the flip.
-            await db.execute(MAKE_DUE_SQL, before_flip + flaky_held + late_first_attempt)
+            await db.execute(
+                MAKE_DUE_SQL, before_flip + flaky_held + late_first_attempt + [last_attempt])
 
             # --- drain: every canonical row finishes, the drain runtimes stop.
             await wait_until(lambda: backlog_is(db, 0), "canonical backlog drained", timeout=40)
+            await wait_until(lambda: "canonical_drain: canonical plane drained" in caplog.text,
+                             "awa_trio reporting the canonical plane drained")
             drain_runtimes = [drainer, doomed, replacement]
             await fleet.stop(drainer)
             await fleet.stop(replacement)
@@ -347,6 +357,14 @@ async def test_staged_transition_with_awa_pg_loses_no_job(database_url, db, awa_
         assert job["state"] == "completed", token
     assert await db.fetchval(BACKLOG_SQL) == 0
 
+    # The last attempt that failed after the flip: run once, failed by the
+    # drain's rescue (awa-pg 0.6.1's own failure write missed the row).
+    assert [(attempt, worker) for token, attempt, _, worker in fleet.lines("START")
+            if token == last_attempt] == [(1, drainer)]
+    [job] = await db.fetch(CANONICAL_JOB_SQL, last_attempt)
+    assert (job["state"], job["attempt"]) == ("failed", 1)
+    assert "heartbeat stale" in job["errors"][-1]["error"]
+
     # awa_trio never registered itself as a runtime (that would block
     # enter-mixed-transition and finalize): every snapshot is an awa-pg worker's.
     assert runtime_pids <= {worker.process.pid for worker in fleet.workers}
@@ -358,6 +376,7 @@ async def test_staged_transition_with_awa_pg_loses_no_job(database_url, db, awa_
     assert "storage moved from queue_storage (mixed_transition) to queue_storage (active)" in log
     assert "maintenance branches started on queue_storage (mixed_transition)" in log
     assert "canonical plane: rescued canonical jobs" in log
+    assert "were on their last attempt; failed them" in log
     assert "canonical plane: promoted" in log
     assert "canonical_drain: canonical plane drained" in log
 
@@ -476,3 +495,45 @@ def test_awa_trio_never_writes_a_runtime_snapshot():
     assert writers == []
     # The pattern does catch such a statement.
     assert RUNTIME_SNAPSHOT_WRITE.search("insert into awa.runtime_instances (pid) values (1)")
+
+
+STALE_RUNNING_SQL = """
+    UPDATE awa.jobs_hot
+    SET state = 'running', attempt = $2, run_lease = 1, attempted_at = now() - interval '1 hour',
+        heartbeat_at = now() - interval '1 hour', deadline_at = $3
+    WHERE args->>'token' = $1
+"""
+TOKEN_STATE_SQL = """
+    SELECT state::text FROM awa.jobs_hot WHERE args->>'token' = $1
+    UNION ALL
+    SELECT state::text FROM awa.scheduled_jobs WHERE args->>'token' = $1
+"""
+
+
+@pytest.mark.parametrize("rescue", ["heartbeat", "deadline"])
+async def test_drain_rescue_fails_a_last_attempt_and_retries_the_others(db, awa_client, rescue):
+    """After the flip a 0.6.1 drain runtime's failure write misses the
+    canonical row; the drain's rescue records the failure of a last attempt
+    instead of re-running it for ever, and retries the others as usual."""
+    for token, max_attempts in (("last", 2), ("more", 3)):
+        await trio.to_thread.run_sync(lambda: awa_client.insert(
+            {"token": token}, kind="k", queue="q", max_attempts=max_attempts))
+    past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+    deadline = past if rescue == "deadline" else None
+    for token in ("last", "more"):
+        await db.execute(STALE_RUNNING_SQL, token, 2, deadline)
+    ctx = await make_context(db, heartbeat_staleness=3600 if rescue == "deadline" else 60)
+    body = (canonical_drain.rescue_stale_heartbeats if rescue == "heartbeat"
+            else canonical_drain.rescue_expired_deadlines)
+
+    result = await body(ctx)
+
+    assert sorted((job.args["token"], job.state) for job in result.rescued) == [
+        ("last", "failed"), ("more", "retryable")]
+    assert [await db.fetchval(TOKEN_STATE_SQL, token) for token in ("last", "more")] == [
+        "failed", "retryable"]
+    error = "heartbeat stale" if rescue == "heartbeat" else "hard deadline exceeded"
+    [errors] = [job.errors for job in result.rescued if job.args["token"] == "last"]
+    assert error in errors[-1]["error"]
+    # Nothing else matches on the next pass.
+    assert (await body(ctx)).rescued == []

@@ -116,14 +116,15 @@ def queue_storage_branches(config: MaintenanceConfig) -> list[BranchSpec]:
 
 #: What the canonical plane still needs while it drains (queue-storage branch
 #: name -> canonical pass folded into it): promotion and the three rescues
-#: (otherwise rows are stranded, as in upstream 0.6.1), and the deletion of
+#: (otherwise rows are stranded, as in upstream 0.6.1; the heartbeat and
+#: deadline rescues fail exhausted attempts there), and the deletion of
 #: finished canonical rows. See awa_trio.queue_storage.canonical_drain.
 CANONICAL_DRAIN: dict[str, RunOnce] = {
     qs_promote.NAME: canonical_drain.drain_pass(promote.NAME, promote.run_once),
     qs_rescue_heartbeats.NAME: canonical_drain.drain_pass(
-        rescue_heartbeats.NAME, rescue_heartbeats.run_once),
+        rescue_heartbeats.NAME, canonical_drain.rescue_stale_heartbeats),
     qs_rescue_deadlines.NAME: canonical_drain.drain_pass(
-        rescue_deadlines.NAME, rescue_deadlines.run_once),
+        rescue_deadlines.NAME, canonical_drain.rescue_expired_deadlines),
     qs_rescue_callbacks.NAME: canonical_drain.drain_pass(
         rescue_callbacks.NAME, rescue_callbacks.run_once),
     qs_cleanup.NAME: canonical_drain.delete_finished_canonical_jobs,

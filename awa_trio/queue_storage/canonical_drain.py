@@ -24,6 +24,13 @@ the same:
   stay canonical ``available`` rows under their own id, for drain runtimes
   to claim, as upstream: moving them to queue storage would give them new
   ids and drop callback wiring (``deferred_jobs`` has no callback columns);
+* the heartbeat and deadline rescues of the canonical plane fail an attempt
+  that was the job's last (``attempt >= max_attempts``) instead of making
+  it retryable. After the flip a 0.6.1 drain runtime records failures, like
+  callback parks, through ``awa.jobs``, which misses the canonical row: the
+  row stays ``running`` until the rescue takes it. Retrying an exhausted
+  attempt there would re-run an always-failing job for ever, and finalize
+  could never pass; failing it records what the worker meant to write;
 * in-flight registrations, hooks and log lines are keyed by engine as well
   as id (the id sequences overlap): a canonical rescue cancels only an
   attempt registered as canonical, and the drain's own lines say
@@ -48,7 +55,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..branches import cleanup as canonical_cleanup
+from ..branches import rescue_deadlines, rescue_heartbeats
+from ..branches.rescue import (
+    JOB_COLUMNS_SQL,
+    RescueResult,
+    RescueSweep,
+    candidates_sql,
+    run_sweep,
+    sql_text_literal,
+)
 from ..context import MaintenanceContext
+from ..jobs import JOB_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +108,111 @@ DRAIN_STATUS_SQL = """
 
 RunOnce = Callable[[MaintenanceContext], Awaitable[Any]]
 
+# The drain's rescue of running canonical rows: locked candidates whose last
+# attempt this was fail in place (failed rows live in jobs_hot); the others
+# leave jobs_hot for scheduled_jobs as retryable, exactly as the canonical
+# rescue moves them (run_at kept). Heartbeat, deadline and every callback
+# column are cleared and one error entry appended either way. {predicate}
+# may use parameters before ${limit}; {selection} is the batch or one id.
+_DRAIN_RESCUE_TEMPLATE = """
+    WITH candidates AS (
+        SELECT id, attempt >= max_attempts AS exhausted
+        FROM awa.jobs_hot
+        WHERE {predicate}
+          {selection}
+        FOR UPDATE SKIP LOCKED
+    ),
+    failed AS (
+        UPDATE awa.jobs_hot AS hot
+        SET state = 'failed',
+            finalized_at = now(),
+            heartbeat_at = NULL,
+            deadline_at = NULL,
+            callback_id = NULL,
+            callback_timeout_at = NULL,
+            callback_filter = NULL,
+            callback_on_complete = NULL,
+            callback_on_fail = NULL,
+            callback_transform = NULL,
+            errors = hot.errors || jsonb_build_object(
+                'error', {error}, 'attempt', hot.attempt, 'at', now())
+        FROM candidates
+        WHERE hot.id = candidates.id
+          AND candidates.exhausted
+        RETURNING {hot_columns}
+    ),
+    taken AS (
+        DELETE FROM awa.jobs_hot AS hot
+        USING candidates
+        WHERE hot.id = candidates.id
+          AND NOT candidates.exhausted
+        RETURNING hot.*
+    ),
+    retried AS (
+        INSERT INTO awa.scheduled_jobs ({columns})
+        SELECT
+            id, kind, queue, args, 'retryable', priority, attempt, max_attempts,
+            run_at, NULL, NULL, attempted_at, now(),
+            created_at,
+            errors || jsonb_build_object('error', {error}, 'attempt', attempt, 'at', now()),
+            metadata, tags, unique_key, unique_states,
+            NULL, NULL, NULL,
+            NULL, NULL, NULL,
+            run_lease, progress
+        FROM taken
+        RETURNING {columns}
+    )
+    SELECT * FROM failed
+    UNION ALL
+    SELECT * FROM retried
+"""
+_HOT_COLUMNS_SQL = ", ".join(f"hot.{column}" for column in JOB_COLUMNS)
+
+
+def drain_rescue_sweep(
+    canonical: RescueSweep, *, predicate: str, order_by: str, error: str, limit: int
+) -> RescueSweep:
+    """``canonical``'s sweep with the drain's statement (same name, metric,
+    reason and unique-claim fallback)."""
+
+    def statement(selection: str) -> str:
+        return _DRAIN_RESCUE_TEMPLATE.format(
+            predicate=predicate, selection=selection, error=sql_text_literal(error),
+            columns=JOB_COLUMNS_SQL, hot_columns=_HOT_COLUMNS_SQL,
+        )
+
+    return dataclasses.replace(
+        canonical,
+        batch_sql=statement(f"ORDER BY {order_by}, id LIMIT ${limit}"),
+        one_sql=statement(f"AND id = ${limit}"),
+        candidates_sql=candidates_sql(predicate, order_by, limit),
+    )
+
+
+# $1 = staleness in seconds (as the canonical heartbeat rescue).
+HEARTBEAT_SWEEP = drain_rescue_sweep(
+    rescue_heartbeats.SWEEP,
+    predicate="state = 'running' AND heartbeat_at < now() - make_interval(secs => $1)",
+    order_by="heartbeat_at",
+    error=rescue_heartbeats.RESCUE_ERROR,
+    limit=2,
+)
+DEADLINE_SWEEP = drain_rescue_sweep(
+    rescue_deadlines.SWEEP,
+    predicate="state = 'running' AND deadline_at IS NOT NULL AND deadline_at < now()",
+    order_by="deadline_at",
+    error=rescue_deadlines.RESCUE_ERROR,
+    limit=1,
+)
+
+
+async def rescue_stale_heartbeats(ctx: MaintenanceContext) -> RescueResult:
+    return await run_sweep(ctx, HEARTBEAT_SWEEP, float(ctx.config.heartbeat_staleness))
+
+
+async def rescue_expired_deadlines(ctx: MaintenanceContext) -> RescueResult:
+    return await run_sweep(ctx, DEADLINE_SWEEP)
+
 
 def drain_pass(name: str, canonical_run_once: RunOnce) -> RunOnce:
     """A canonical branch body run as the drain of the canonical plane."""
@@ -110,8 +232,13 @@ def _log_pass(name: str, result: Any) -> None:
     with queue-storage ids, so a bare id would be ambiguous)."""
     rescued = getattr(result, "rescued", None) or []
     cancelled = getattr(result, "duplicates_cancelled", None) or []
-    if rescued:
-        log.info("%s: %s: rescued canonical jobs %s", name, PLANE, _ids(rescued))
+    retried = [job for job in rescued if job.state != "failed"]
+    failed = [job for job in rescued if job.state == "failed"]
+    if retried:
+        log.info("%s: %s: rescued canonical jobs %s", name, PLANE, _ids(retried))
+    if failed:
+        log.warning("%s: %s: canonical jobs %s were on their last attempt; failed them",
+                    name, PLANE, _ids(failed))
     if cancelled:
         log.info("%s: %s: cancelled canonical duplicates %s", name, PLANE, _ids(cancelled))
     promoted = getattr(result, "promoted", None) or {}
