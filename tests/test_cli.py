@@ -346,7 +346,11 @@ async def test_run_logs_leadership_changes_and_branch_work(database_url, db):
     text = logs.decode()
     assert process.returncode == 0, text
     assert re.search(r"INFO awa_trio\.leadership: elected maintenance leader \(lock backend pid \d+\)", text)
-    assert re.search(r"INFO awa_trio\S*: maintenance branches started: .*\bpromote_scheduled\b", text)
+    assert re.search(
+        r"INFO awa_trio\S*: maintenance branches started on canonical \(canonical\), "
+        r"schema version \d+: .*\bpromote_scheduled\b",
+        text,
+    )
     assert re.search(r"INFO awa_trio\S*: promote_scheduled: promoted 1 scheduled jobs$", text, re.M)
     assert "released maintenance leader lock" in text
     assert "Traceback" not in text
