@@ -416,3 +416,12 @@ def test_queue_retention_is_also_reachable_under_the_seeds_field_name():
     assert dict(by_flag.config.queue_retention_overrides) == expected
     by_env = resolve([], environ={"AWA_QUEUE_RETENTION_OVERRIDES": "emails=1h"})
     assert dict(by_env.config.queue_retention_overrides) == expected
+
+
+def test_version_comes_from_the_package():
+    import awa_trio
+
+    process = subprocess.run([sys.executable, "-m", "awa_trio", "--version"],
+                             capture_output=True, text=True, timeout=30)
+    assert process.returncode == 0
+    assert process.stdout.strip() == f"awa_trio {awa_trio.__version__}"
