@@ -1,5 +1,8 @@
 """awa_trio: a Trio-native maintenance leader for the Awa job queue."""
 
+#: The one place the version lives (pyproject.toml reads it from here).
+__version__ = "0.2.0"
+
 from .branch import BranchSpec
 from .config import DlqPolicy, MaintenanceConfig, RetentionPolicy, parse_duration
 from .context import MaintenanceContext

@@ -23,6 +23,8 @@ from typing import Any
 
 import trio
 
+from . import __version__
+
 from .config import (
     COUNT,
     INTERVAL,
@@ -94,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--database-url",
         help=f"PostgreSQL URL (env AWA_DATABASE_URL or DATABASE_URL; default {DEFAULT_DATABASE_URL})",
     )
+    parser.add_argument("--version", action="version", version=f"awa_trio {__version__}")
     parser.add_argument("--config", metavar="FILE", help="TOML file with settings (env AWA_CONFIG)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (env AWA_LOG_LEVEL; default INFO)")
     parser.add_argument("--print-config", action="store_true",

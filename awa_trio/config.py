@@ -48,7 +48,8 @@ DEFAULT_CRON_SYNC_INTERVAL = 60 * SECOND
 DEFAULT_CRON_EVAL_INTERVAL = 1 * SECOND
 DEFAULT_QUEUE_ROTATE_INTERVAL = 1 * SECOND
 DEFAULT_LEASE_ROTATE_INTERVAL = 0.25
-DEFAULT_CLAIM_ROTATE_INTERVAL = 1 * SECOND
+#: 0 = follow queue_rotate_interval (upstream: claim rotation defaults to the queue cadence).
+DEFAULT_CLAIM_ROTATE_INTERVAL = 0.0
 
 # awa_trio's own settings (no upstream equivalent).
 DEFAULT_BRANCH_RESTART_LIMIT = 5
@@ -294,7 +295,8 @@ class MaintenanceConfig:
     lease_rotate_interval: float = setting(
         DEFAULT_LEASE_ROTATE_INTERVAL, INTERVAL, "Lease ring rotation (queue storage).")
     claim_rotate_interval: float = setting(
-        DEFAULT_CLAIM_ROTATE_INTERVAL, INTERVAL, "Claim ring rotation (queue storage).")
+        DEFAULT_CLAIM_ROTATE_INTERVAL, RETENTION,
+        "Claim ring rotation (queue storage); 0 follows queue_rotate_interval.")
 
     # awa_trio's own supervision and connection settings.
     branch_restart_limit: int = setting(
@@ -373,6 +375,10 @@ class MaintenanceConfig:
                 raise ConfigError(f"dlq_policy: {exc}") from None
         if not isinstance(self.dlq_policy, DlqPolicy):
             raise ConfigError("dlq_policy must be a DlqPolicy")
+
+    @property
+    def effective_claim_rotate_interval(self) -> float:
+        return self.claim_rotate_interval or self.queue_rotate_interval
 
     def replace(self, **changes: Any) -> MaintenanceConfig:
         """A copy with some fields changed (validated again)."""

@@ -16,6 +16,31 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from awa_trio.db import open_database
 
+QUEUE_STORAGE_FIXTURES = {"qs_database_url", "qs_db", "qs_ctx", "qs_awa_client", "awa_qs_template"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "queue_storage: runs on a database finalised to queue storage (also run on schema 40 in CI)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if QUEUE_STORAGE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.queue_storage)
+
+
+def installed_awa_pg_version() -> str:
+    from importlib.metadata import version
+
+    return version("awa-pg")
+
+
+#: The schema version awa-pg's migrator installs: 39 for 0.6.0-0.6.1, 40 for 0.6.2-0.6.9.
+EXPECTED_SCHEMA_VERSION = 39 if installed_awa_pg_version() in ("0.6.0", "0.6.1") else 40
+
 SERVER_DSN = os.environ.get("AWA_TRIO_TEST_SERVER", "postgresql://postgres@localhost:5432")
 ADMIN_DSN = f"{SERVER_DSN}/postgres"
 

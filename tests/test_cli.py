@@ -346,7 +346,11 @@ async def test_run_logs_leadership_changes_and_branch_work(database_url, db):
     text = logs.decode()
     assert process.returncode == 0, text
     assert re.search(r"INFO awa_trio\.leadership: elected maintenance leader \(lock backend pid \d+\)", text)
-    assert re.search(r"INFO awa_trio\S*: maintenance branches started: .*\bpromote_scheduled\b", text)
+    assert re.search(
+        r"INFO awa_trio\S*: maintenance branches started on canonical \(canonical\), "
+        r"schema version \d+: .*\bpromote_scheduled\b",
+        text,
+    )
     assert re.search(r"INFO awa_trio\S*: promote_scheduled: promoted 1 scheduled jobs$", text, re.M)
     assert "released maintenance leader lock" in text
     assert "Traceback" not in text
@@ -412,3 +416,12 @@ def test_queue_retention_is_also_reachable_under_the_seeds_field_name():
     assert dict(by_flag.config.queue_retention_overrides) == expected
     by_env = resolve([], environ={"AWA_QUEUE_RETENTION_OVERRIDES": "emails=1h"})
     assert dict(by_env.config.queue_retention_overrides) == expected
+
+
+def test_version_comes_from_the_package():
+    import awa_trio
+
+    process = subprocess.run([sys.executable, "-m", "awa_trio", "--version"],
+                             capture_output=True, text=True, timeout=30)
+    assert process.returncode == 0
+    assert process.stdout.strip() == f"awa_trio {awa_trio.__version__}"

@@ -29,7 +29,9 @@ def test_defaults_are_the_seeds():
             config.metadata_reconciliation_interval, config.priority_aging_interval,
             config.batch_operations_interval, config.terminal_count_rollup_interval) == (30, 2, 60, 60, 1, 30)
     assert (config.cron_sync_interval, config.cron_eval_interval) == (60, 1)
-    assert (config.queue_rotate_interval, config.lease_rotate_interval, config.claim_rotate_interval) == (1, 0.25, 1)
+    assert (config.queue_rotate_interval, config.lease_rotate_interval,
+            config.effective_claim_rotate_interval) == (1, 0.25, 1)
+    assert config.claim_rotate_interval == 0  # follows the queue cadence
     assert config.queue_retention_overrides == {} and config.dlq_policy == DlqPolicy()
 
 

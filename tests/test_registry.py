@@ -109,11 +109,14 @@ def test_default_branches_follow_the_storage_state():
 
 
 def test_ring_branches_use_their_own_intervals_and_rollup_is_never_skipped():
-    config = distinct_intervals()
+    config = distinct_intervals().replace(claim_rotate_interval=4321)
     specs = {spec.name: spec for spec in queue_storage_branches(config)}
     assert specs["rotate_queue"].interval == config.queue_rotate_interval
     assert specs["rotate_lease"].interval == config.lease_rotate_interval
     assert specs["rotate_claim"].interval == config.claim_rotate_interval
+    follows_queue = queue_storage_branches(config.replace(claim_rotate_interval=0))
+    assert {spec.name: spec.interval for spec in follows_queue}["rotate_claim"] == (
+        config.queue_rotate_interval)
     assert specs["terminal_count_rollup"].interval == config.terminal_count_rollup_interval
     assert {name for name, spec in specs.items() if not spec.cooldown} == {
         "terminal_count_rollup", "cron_eval"}

@@ -109,7 +109,9 @@ def queue_storage_branches(config: MaintenanceConfig) -> list[BranchSpec]:
         ),
         BranchSpec(rotate_queue.NAME, config.queue_rotate_interval, rotate_queue.run_once),
         BranchSpec(rotate_lease.NAME, config.lease_rotate_interval, rotate_lease.run_once),
-        BranchSpec(rotate_claim.NAME, config.claim_rotate_interval, rotate_claim.run_once),
+        BranchSpec(
+            rotate_claim.NAME, config.effective_claim_rotate_interval, rotate_claim.run_once
+        ),
         *cron_branches(config),
     ]
 

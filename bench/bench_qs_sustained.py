@@ -1,0 +1,244 @@
+"""Sustained load on queue storage: awa-pg workers complete and fail jobs at a
+steady rate while one leader rotates and prunes the rings; the same run with
+upstream's leader (an awa-pg 0.6.1 runtime) and with awa_trio.
+
+Reports, per leader: the longest and median stall of each ring (time between
+generation changes, sampled at 20 Hz), rotations, the most done rows seen,
+and whether every job ended where it should (completed or failed, none lost).
+
+    python bench/bench_qs_sustained.py [--rate 250] [--seconds 60] [--server postgresql://postgres@localhost:5432]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support.qs_load import (  # noqa: E402
+    JOB_STATES_SQL,
+    LOAD_WORKER_SCRIPT,
+    RING_SAMPLE_SQL,
+    RINGS,
+    RingSamples,
+)
+
+QUEUE = "load"
+RING_INTERVALS_MS = {"queue": 200, "lease": 100, "claim": 200}
+FAIL_EVERY = 10  # one job in ten is kind "boom" (max_attempts 1: fails terminally)
+
+
+async def admin(server: str, sql: str) -> None:
+    conn = await asyncpg.connect(f"{server}/postgres")
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def make_queue_storage_database(server: str) -> tuple[str, str]:
+    import awa
+
+    name = f"awa_trio_bench_qs_{uuid.uuid4().hex[:8]}"
+    await admin(server, f'CREATE DATABASE "{name}"')
+    dsn = f"{server}/{name}"
+    await awa.AsyncClient(dsn).migrate()
+    # A first auto runtime finalises the fresh install to queue storage.
+    worker = await start_process(sys.executable, str(LOAD_WORKER_SCRIPT), dsn, "--workers", "1")
+    await wait_for(worker, "READY")
+    conn = await asyncpg.connect(dsn)
+    try:
+        for _ in range(100):
+            if await conn.fetchval("SELECT state FROM awa.storage_status()") == "active":
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
+    await stop(worker)
+    return name, dsn
+
+
+async def start_process(*argv: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+
+
+async def wait_for(process: asyncio.subprocess.Process, marker: str, timeout: float = 60) -> None:
+    async def read() -> None:
+        while True:
+            line = await process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"process exited before {marker!r}")
+            if marker in line.decode(errors="replace"):
+                return
+
+    await asyncio.wait_for(read(), timeout)
+
+
+async def drain_output(process: asyncio.subprocess.Process) -> None:
+    while await process.stdout.readline():
+        pass
+
+
+async def stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), 10)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+async def start_leader(kind: str, dsn: str) -> asyncio.subprocess.Process:
+    if kind == "awa-pg":
+        leader = await start_process(
+            sys.executable, str(LOAD_WORKER_SCRIPT), dsn, "--lead", "--workers", "16",
+            "--queue-rotate-ms", str(RING_INTERVALS_MS["queue"]),
+            "--lease-rotate-ms", str(RING_INTERVALS_MS["lease"]),
+            "--claim-rotate-ms", str(RING_INTERVALS_MS["claim"]),
+        )
+        await wait_for(leader, "READY")
+    else:
+        leader = await start_process(
+            sys.executable, "-m", "awa_trio", "--database-url", dsn,
+            "--queue-rotate-interval", f"{RING_INTERVALS_MS['queue']}ms",
+            "--lease-rotate-interval", f"{RING_INTERVALS_MS['lease']}ms",
+            "--claim-rotate-interval", f"{RING_INTERVALS_MS['claim']}ms",
+            "--leader-check-interval", "1s",
+        )
+        await wait_for(leader, "elected maintenance leader")
+    return leader
+
+
+async def produce(dsn: str, rate: int, seconds: float) -> tuple[int, int]:
+    import awa
+
+    client = awa.AsyncClient(dsn)
+    ok = boom = 0
+    batch = max(1, rate // 10)
+    started = time.monotonic()
+    tick = 0
+    while time.monotonic() - started < seconds:
+        fails = batch // FAIL_EVERY
+        await client.insert_many_copy([{"n": i} for i in range(batch - fails)], kind="ok", queue=QUEUE)
+        if fails:
+            await client.insert_many_copy([{"n": i} for i in range(fails)], kind="boom",
+                                          queue=QUEUE, max_attempts=1)
+        ok += batch - fails
+        boom += fails
+        tick += 1
+        await asyncio.sleep(max(0.0, started + tick * 0.1 - time.monotonic()))
+    return ok, boom
+
+
+async def sample(dsn: str, samples: RingSamples, stop_event: asyncio.Event) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        while not stop_event.is_set():
+            samples.add(time.monotonic(), await conn.fetchrow(RING_SAMPLE_SQL))
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
+async def settle(dsn: str, timeout: float = 120) -> dict[str, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            states = {row["state"]: row["n"] for row in await conn.fetch(JOB_STATES_SQL, QUEUE)}
+            pending = sum(states.get(s, 0) for s in ("available", "running", "scheduled", "retryable"))
+            if not pending or time.monotonic() > deadline:
+                return {"states": states, "counts": await queue_counts(dsn)}
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+
+
+async def queue_counts(dsn: str) -> dict[str, int]:
+    """awa-pg's own counts (exact: live counts plus pending terminal deltas);
+    pruned completed rows are gone from awa.jobs but still counted here."""
+    import awa
+
+    for stat in await awa.AsyncClient(dsn).queue_stats():
+        if stat.queue == QUEUE:
+            return {"completed": stat.completed_last_hour, "failed": stat.failed,
+                    "available": stat.available, "running": stat.running,
+                    "retryable": stat.retryable, "scheduled": stat.scheduled}
+    return {}
+
+
+async def run_one(kind: str, server: str, rate: int, seconds: float) -> dict:
+    name, dsn = await make_queue_storage_database(server)
+    processes = []
+    try:
+        leader = await start_leader(kind, dsn)
+        processes.append(leader)
+        asyncio.ensure_future(drain_output(leader))
+        for _ in range(2):
+            worker = await start_process(sys.executable, str(LOAD_WORKER_SCRIPT), dsn, "--workers", "16")
+            await wait_for(worker, "READY")
+            asyncio.ensure_future(drain_output(worker))
+            processes.append(worker)
+        samples = RingSamples()
+        stop_event = asyncio.Event()
+        sampler = asyncio.ensure_future(sample(dsn, samples, stop_event))
+        ok, boom = await produce(dsn, rate, seconds)
+        stop_event.set()  # stalls are measured while the load runs
+        await sampler
+        result = await settle(dsn)
+        return {"leader": kind, "ok": ok, "boom": boom, "samples": samples, **result}
+    finally:
+        for process in processes:
+            await stop(process)
+        await admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def report(results: list[dict], rate: int, seconds: float) -> None:
+    print(f"\nsustained load: {rate} jobs/s for {seconds:g} s (1 in {FAIL_EVERY} fails terminally), "
+          f"ring intervals {RING_INTERVALS_MS['queue']}/{RING_INTERVALS_MS['lease']}/"
+          f"{RING_INTERVALS_MS['claim']} ms\n")
+    print("| measure | " + " | ".join(r["leader"] for r in results) + " |")
+    print("| --- |" + " --- |" * len(results))
+    for ring in RINGS:
+        print(f"| {ring} ring: longest stall | "
+              + " | ".join(f"{r['samples'].longest_stall(ring):.2f} s" for r in results) + " |")
+        print(f"| {ring} ring: median stall | "
+              + " | ".join(f"{r['samples'].median_stall(ring):.2f} s" for r in results) + " |")
+        print(f"| {ring} ring: rotations | "
+              + " | ".join(str(r["samples"].rotations(ring)) for r in results) + " |")
+    print("| most done rows seen | " + " | ".join(str(max(r["samples"].done_rows, default=0)) for r in results) + " |")
+    for r in results:
+        states, counts = r["states"], r["counts"]
+        lost = r["ok"] + r["boom"] - counts.get("completed", 0) - counts.get("failed", 0)
+        print(f"\n{r['leader']}: inserted {r['ok']} ok + {r['boom']} boom; states {states}; "
+              f"counts {r['counts']}; not accounted for: {lost}")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rate", type=int, default=250)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--server", default=os.environ.get(
+        "AWA_TRIO_TEST_SERVER", "postgresql://postgres@localhost:5432"))
+    parser.add_argument("--leaders", default="awa-pg,awa_trio")
+    args = parser.parse_args()
+    results = [await run_one(kind, args.server, args.rate, args.seconds)
+               for kind in args.leaders.split(",")]
+    report(results, args.rate, args.seconds)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
