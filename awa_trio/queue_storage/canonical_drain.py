@@ -18,9 +18,10 @@ canonical plane, on the physical tables, and signals no local in-flight
 attempt for it (the id sequences of the two planes overlap). awa_trio does
 the same:
 
-* promotion and the three rescues run the canonical branch modules beside the
-  queue-storage ones (those modules already write ``awa.jobs_hot`` and
-  ``awa.scheduled_jobs`` directly, never the view). Promoted canonical rows
+* promotion and the three rescues serve the canonical plane beside the
+  queue-storage one, with the canonical branches' statements, which write
+  ``awa.jobs_hot`` and ``awa.scheduled_jobs`` directly, never the view (the
+  heartbeat and deadline rescues with the variant below). Promoted canonical rows
   stay canonical ``available`` rows under their own id, for drain runtimes
   to claim, as upstream: moving them to queue storage would give them new
   ids and drop callback wiring (``deferred_jobs`` has no callback columns);
