@@ -76,10 +76,11 @@ PLANE = "canonical plane"
 
 # Where the canonical backlog stands and who can still run it. A runtime is
 # live while its last snapshot is younger than three snapshot intervals, at
-# least 30 s (the window awa.storage_finalize() applies). Runtimes that block
-# finalize report a canonical or drain-only capability; runtimes that can run
-# canonical work are those, plus any canonical_drain runtime whose last
-# snapshot predates the flip (it then still says queue_storage).
+# least 30 s (the window awa.storage_finalize() applies). Finalize waits for
+# live runtimes of the capabilities in $1 (see FINALIZE_BLOCKERS); runtimes
+# that can run canonical work are the canonical and drain-only ones, plus any
+# canonical_drain runtime whose last snapshot predates the flip (it then
+# still says queue_storage).
 DRAIN_STATUS_SQL = """
     WITH live_runtime AS (
         SELECT storage_capability, transition_role
@@ -97,8 +98,7 @@ DRAIN_STATUS_SQL = """
         (SELECT count(*) FROM awa.scheduled_jobs WHERE run_at <= now()) AS deferred_due,
         (SELECT min(run_at) FROM awa.scheduled_jobs) AS next_due_at,
         (
-            SELECT count(*) FROM live_runtime
-            WHERE storage_capability IN ('canonical', 'canonical_drain_only')
+            SELECT count(*) FROM live_runtime WHERE storage_capability = ANY($1::text[])
         ) AS live_drain_runtimes,
         (
             SELECT count(*) FROM live_runtime
@@ -106,6 +106,13 @@ DRAIN_STATUS_SQL = """
                OR transition_role = 'canonical_drain'
         ) AS canonical_runners
 """
+#: Runtime capabilities whose live snapshots keep awa.storage_finalize()
+#: waiting, by schema version: schema 40 (Awa 0.6.2+) lets drained drain-only
+#: runtimes stay up through finalize.
+FINALIZE_BLOCKERS = {
+    39: ("canonical", "canonical_drain_only"),
+    40: ("canonical",),
+}
 
 RunOnce = Callable[[MaintenanceContext], Awaitable[Any]]
 
@@ -272,7 +279,7 @@ class DrainStatus:
     deferred: int
     deferred_due: int
     next_due_at: Any
-    #: Live runtimes that keep awa.storage_finalize() waiting.
+    #: Live runtimes that keep awa.storage_finalize() waiting (FINALIZE_BLOCKERS).
     live_drain_runtimes: int
     #: Live runtimes that claim canonical work.
     canonical_runners: int
@@ -285,14 +292,15 @@ class DrainStatus:
         return self.available + self.deferred_due
 
     @property
-    def summary(self) -> tuple[int, int, int, int, int, int]:
+    def summary(self) -> tuple[int, ...]:
         """What changes a report line (next_due_at alone does not)."""
         return (self.backlog, self.available, self.running, self.waiting, self.deferred,
-                self.live_drain_runtimes)
+                self.live_drain_runtimes, self.canonical_runners)
 
 
 async def read_drain_status(ctx: MaintenanceContext) -> DrainStatus:
-    row = await ctx.db.fetchrow(DRAIN_STATUS_SQL)
+    blockers = FINALIZE_BLOCKERS.get(ctx.schema.version, FINALIZE_BLOCKERS[39])
+    row = await ctx.db.fetchrow(DRAIN_STATUS_SQL, list(blockers))
     return DrainStatus(**{field: row[field] for field in (
         "backlog", "available", "running", "waiting", "deferred", "deferred_due",
         "next_due_at", "live_drain_runtimes", "canonical_runners")})
@@ -312,7 +320,7 @@ def make_report() -> RunOnce:
                 "them; start one (storage_transition_role='canonical_drain'): until then they "
                 "wait and awa.storage_finalize() cannot pass", NAME, status.stranded,
             )
-        if status.summary != last[0]:
+        if status.summary != last[0]:  # one line per change, not per pass
             last[0] = status.summary
             _log_status(status)
         return status
@@ -324,16 +332,16 @@ def _log_status(status: DrainStatus) -> None:
     if status.backlog:
         log.info(
             "%s: %d live canonical jobs (%d available, %d running, %d waiting for callbacks, "
-            "%d scheduled or retryable, next due %s); %d drain runtimes live",
+            "%d scheduled or retryable, next due %s); %d live runtimes run canonical work",
             NAME, status.backlog, status.available, status.running, status.waiting,
-            status.deferred, status.next_due_at, status.live_drain_runtimes,
+            status.deferred, status.next_due_at, status.canonical_runners,
         )
     elif status.live_drain_runtimes:
         log.info(
             "%s: canonical plane drained; awa.storage_finalize() passes once the %d live "
-            "drain runtimes stop and their last snapshots age out (30 s at least)",
+            "runtimes it waits for stop and their last snapshots age out (30 s at least)",
             NAME, status.live_drain_runtimes,
         )
     else:
-        log.info("%s: canonical plane drained and no drain runtime is live: "
+        log.info("%s: canonical plane drained and no runtime finalize waits for is live: "
                  "awa.storage_finalize() can pass", NAME)
