@@ -561,3 +561,11 @@ async def test_drain_rescue_fails_a_last_attempt_and_retries_the_others(db, awa_
     assert error in errors[-1]["error"]
     # Nothing else matches on the next pass.
     assert (await body(ctx)).rescued == []
+
+
+async def test_maintenance_sessions_run_without_jit(db):
+    """A JIT-compiled queue-storage rescue pass took 11 s here and could not
+    be cancelled, so every term switch of a transition waited for it."""
+    assert await db.fetchval("SHOW jit") == "off"
+    async with db.transaction() as conn:
+        assert await conn.fetchval("SHOW jit") == "off"
