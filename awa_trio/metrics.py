@@ -7,6 +7,9 @@ provider with an in-memory reader).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
+
 from opentelemetry import metrics as otel_metrics
 
 METER_NAME = "awa"
@@ -29,6 +32,12 @@ QUEUE_LAG = "awa.queue.lag"
 JOB_DLQ_MOVED = "awa.job.dlq_moved"
 JOB_DLQ_PURGED = "awa.job.dlq_purged"
 JOB_DLQ_DEPTH = "awa.job.dlq_depth"
+
+# awa_trio's own (Prometheus: awa_trio_leader, awa_trio_term_started_seconds,
+# awa_trio_branch_errors_total).
+TRIO_LEADER = "awa_trio.leader"
+TRIO_TERM_STARTED = "awa_trio.term_started"
+TRIO_BRANCH_ERRORS = "awa_trio.branch.errors"
 
 # Attribute keys.
 ATTR_BRANCH = "awa.maintenance.branch"
@@ -117,6 +126,20 @@ class MaintenanceMetrics:
         self.dlq_depth = meter.create_gauge(
             JOB_DLQ_DEPTH, unit="{job}", description="Current Dead Letter Queue depth per queue"
         )
+        self.branch_errors = meter.create_counter(
+            TRIO_BRANCH_ERRORS, unit="{error}",
+            description="Branch bodies that failed (database error, timeout or crash), by branch",
+        )
+        #: Set by the service: () -> (is_leader, unix time the term started or None).
+        self._leadership: Callable[[], tuple[bool, float | None]] | None = None
+        meter.create_observable_gauge(
+            TRIO_LEADER, callbacks=[self._observe_leader], unit="1",
+            description="1 while this awa_trio process holds the maintenance lock, else 0",
+        )
+        meter.create_observable_gauge(
+            TRIO_TERM_STARTED, callbacks=[self._observe_term_start], unit="s",
+            description="Unix time the current leadership term started (absent while following)",
+        )
         # A synchronous gauge reports its last value until told otherwise, so
         # a queue that drained or vanished would show its old lag or depth
         # forever (and an alert on it would never clear). These remember what
@@ -126,6 +149,23 @@ class MaintenanceMetrics:
 
     def record_branch_duration(self, branch: str, seconds: float) -> None:
         self.branch_duration.record(seconds, {ATTR_BRANCH: branch})
+
+    def record_branch_error(self, branch: str) -> None:
+        self.branch_errors.add(1, {ATTR_BRANCH: branch})
+
+    def observe_leadership(self, source: Callable[[], tuple[bool, float | None]]) -> None:
+        self._leadership = source
+
+    def _observe_leader(self, options: object) -> Iterable[otel_metrics.Observation]:
+        if self._leadership is None:
+            return []
+        return [otel_metrics.Observation(1 if self._leadership()[0] else 0)]
+
+    def _observe_term_start(self, options: object) -> Iterable[otel_metrics.Observation]:
+        if self._leadership is None:
+            return []
+        leading, started = self._leadership()
+        return [otel_metrics.Observation(started)] if leading and started else []
 
     def record_branch_overrun(self, branch: str) -> None:
         self.branch_overrun.add(1, {ATTR_BRANCH: branch})
