@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve Prometheus /metrics and /livez, /readyz, /status on this address "
                              "(env AWA_METRICS_ADDR; default off)")
     parser.add_argument("--json", action="store_true", help="status: print JSON instead of tables")
+    parser.add_argument("--engine", choices=("queue_storage", "canonical"), default="queue_storage",
+                        help="demo: the storage engine to show (default queue_storage, Awa 0.6's)")
+    parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                        help="demo: stop by itself after this long (default: at Ctrl-C)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the effective settings as JSON and exit")
     parser.add_argument(
@@ -235,6 +239,8 @@ class Invocation:
     log_format: str = "text"
     metrics_addr: str | None = None
     json_output: bool = False
+    demo_engine: str = "queue_storage"
+    demo_duration: float | None = None
 
 
 def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> Invocation:
@@ -322,6 +328,8 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         log_format=log_format,
         metrics_addr=metrics_addr or None,
         json_output=args.json,
+        demo_engine=args.engine,
+        demo_duration=args.duration,
         command=args.command,
         database_url=database_url,
         config=config,
@@ -383,6 +391,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             migrate(url)
             print(f"awa schema installed in {redact(url)}")
             return EXIT_OK
+        if invocation.command == "demo":
+            from .demo import run_demo
+
+            return trio.run(run_demo, invocation.demo_engine,
+                            invocation.metrics_addr or "127.0.0.1:9464", invocation.demo_duration)
         if invocation.command == "status":
             from .status import print_status
 

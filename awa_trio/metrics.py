@@ -29,6 +29,7 @@ RING_CURRENT_SLOT = "awa.ring.current_slot"
 RING_GENERATION = "awa.ring.generation"
 QUEUE_DEPTH = "awa.queue.depth"
 QUEUE_LAG = "awa.queue.lag"
+QUEUE_INFO = "awa.queue.info"
 JOB_DLQ_MOVED = "awa.job.dlq_moved"
 JOB_DLQ_PURGED = "awa.job.dlq_purged"
 JOB_DLQ_DEPTH = "awa.job.dlq_depth"
@@ -117,6 +118,10 @@ class MaintenanceMetrics:
             RING_GENERATION, unit="{generation}",
             description="Current ring generation per ring; derivative is rotations/sec",
         )
+        self.queue_info = meter.create_gauge(
+            QUEUE_INFO, unit="1",
+            description="Declared queue descriptor (always 1); labels carry display name, owner, tags",
+        )
         self.dlq_moved = meter.create_counter(
             JOB_DLQ_MOVED, unit="{job}", description="Number of jobs moved into the Dead Letter Queue"
         )
@@ -184,6 +189,19 @@ class MaintenanceMetrics:
         self._queues_with_depth.add(queue)
         for state, count in depth.items():
             self.queue_depth.set(count, {ATTR_JOB_QUEUE: queue, ATTR_JOB_STATE: state})
+
+    def record_queue_info(self, queue: str, display_name: str | None, description: str | None,
+                          owner: str | None, docs_url: str | None, tags: list[str]) -> None:
+        """Upstream's attribute set: only the fields a descriptor declares."""
+        attributes = {ATTR_JOB_QUEUE: queue}
+        for key, value in (("awa.queue.display_name", display_name),
+                           ("awa.queue.description", description),
+                           ("awa.queue.owner", owner), ("awa.queue.docs_url", docs_url)):
+            if value:
+                attributes[key] = value
+        if tags:
+            attributes["awa.queue.tags"] = ",".join(tags)
+        self.queue_info.set(1, attributes)
 
     def record_queue_lag(self, queue: str, seconds: float | None) -> None:
         """``None``: nothing available. Like upstream, a queue that never had
