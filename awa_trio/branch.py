@@ -35,18 +35,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .db import ConnectionLost, DatabaseError, describe_error
+from .db import DatabaseError, describe_error
 from .errors import LeadershipAbandoned
-from .logs import CURRENT_BRANCH, FailureEpisodes
+from .logs import CURRENT_BRANCH, connection_recovered
 
 if TYPE_CHECKING:
     from .context import MaintenanceContext
     from .tracker_actor import TrackerClient
 
 log = logging.getLogger(__name__)
-#: A lost connection fails every branch at every tick until the server is
-#: back: one warning when that starts, one line when it ends.
-_connection_episodes = FailureEpisodes(log)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,18 +96,10 @@ class BodyOutcome:
 
 async def run_body(spec: BranchSpec, ctx: MaintenanceContext) -> BodyOutcome:
     """One body, with the expected faults logged and swallowed."""
-    episode = f"{spec.name}: database connection"
+    started = trio.current_time()
     try:
         with trio.fail_after(ctx.config.branch_timeout):
             result = await spec.run_once(ctx)
-    except ConnectionLost as exc:
-        ctx.metrics.record_branch_error(spec.name)
-        _connection_episodes.failed(
-            episode, describe_error(exc),
-            message=f"{spec.name}: database connection lost ({describe_error(exc)}); "
-                    "retrying at every tick, logging again once it works",
-        )
-        return BodyOutcome(error=f"connection lost: {describe_error(exc)}")
     except DatabaseError as exc:
         ctx.metrics.record_branch_error(spec.name)
         log.error("%s: database error %s", spec.name, describe_error(exc))
@@ -120,7 +109,9 @@ async def run_body(spec: BranchSpec, ctx: MaintenanceContext) -> BodyOutcome:
         log.error("%s: body ran longer than branch_timeout (%.1fs) and was cancelled",
                   spec.name, ctx.config.branch_timeout)
         return BodyOutcome(error=f"ran longer than branch_timeout ({ctx.config.branch_timeout:g}s)")
-    _connection_episodes.recovered(episode)
+    # Closes a connection-trouble episode the log filter opened (the body may
+    # have logged its own errors, step by step, and still come back).
+    connection_recovered(spec.name, log, since=started)
     return BodyOutcome(result=result)
 
 

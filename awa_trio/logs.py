@@ -6,9 +6,10 @@ term of every record, no secrets, and one line per failure episode.
   :class:`ContextFilter`/:class:`SecretFilter` to its handlers).
 * The branch and leadership term of a record come from context variables,
   which Trio copies into every task a branch or term spawns.
-* :class:`FailureEpisodes` turns a run of identical failures (a server
-  restarting: every tick of every branch fails the same way) into one
-  warning when it starts and one line when it ends.
+* :class:`ConnectionEpisodeFilter` turns a run of connection failures (a
+  server restarting: every tick of every branch fails the same way) into one
+  warning when it starts and, from :func:`connection_recovered`, one line
+  when it ends.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit
 
-import trio
 
 #: Name of the maintenance branch whose task logged the record.
 CURRENT_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -150,6 +151,7 @@ def configure_logging(level: str, fmt: str = "text", secrets: Iterable[str] = ()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     handler.addFilter(ContextFilter())
     handler.addFilter(AsyncpgPoolNoiseFilter())
+    handler.addFilter(ConnectionEpisodeFilter())
     handler.addFilter(SecretFilter(secrets))
     root = logging.getLogger()
     for old in list(root.handlers):
@@ -158,51 +160,78 @@ def configure_logging(level: str, fmt: str = "text", secrets: Iterable[str] = ()
     root.setLevel(level)
 
 
+#: What a lost or refused connection looks like in a log line, whichever
+#: branch or step wrote it (SQLSTATE class 08, admin shutdown, start-up).
+_CONNECTION_TROUBLE = re.compile(
+    r"\[08\w{3}\]|\[57P0[123]\]|connection (was|is) closed|connection refused|"
+    r"terminating connection|the database system is (starting up|shutting down)|"
+    r"ConnectionResetError|ConnectionRefusedError|connection lost|cannot switch to state|"
+    r"another operation .* is in progress",
+    re.IGNORECASE,
+)
+
+
+class ConnectionEpisodeFilter(logging.Filter):
+    """While a branch's connection is failing, only its first connection
+    error is a warning; the rest are debug until :func:`connection_recovered`
+    is called for it (the branch's next successful body), which logs one line.
+    Keyed by branch (from the context), else by logger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # A record reaching several handlers is judged once.
+        verdict = getattr(record, "_awa_trio_episode_verdict", None)
+        if verdict is None:
+            verdict = self._judge(record)
+            record._awa_trio_episode_verdict = verdict  # type: ignore[attr-defined]
+        return verdict
+
+    def _judge(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or record.levelno >= logging.CRITICAL:
+            return True
+        message = record.getMessage()
+        if not _CONNECTION_TROUBLE.search(message):
+            return True
+        key = getattr(record, "branch", None) or CURRENT_BRANCH.get() or record.name
+        episode = _OPEN_EPISODES.get(key)
+        if episode is None:
+            _OPEN_EPISODES[key] = _Episode(started=_now(), last_error=message, last_failure=_now())
+            record.msg = f"{message} (connection trouble; repeats are logged at debug until it recovers)"
+            record.args = None
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            return True
+        episode.failures += 1
+        episode.last_error = message
+        episode.last_failure = _now()
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.exc_info, record.exc_text = None, None
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+_OPEN_EPISODES: dict[str, "_Episode"] = {}
+
+
+def connection_recovered(key: str, logger: logging.Logger, *, since: float | None = None) -> None:
+    """Close ``key``'s connection-trouble episode, if one is open and had no
+    failure after ``since`` (when the work that just succeeded began)."""
+    episode = _OPEN_EPISODES.get(key)
+    if episode is None or (since is not None and episode.last_failure >= since):
+        return
+    del _OPEN_EPISODES[key]
+    logger.info("%s: database connection works again after %d failure%s in %.1fs",
+                key, episode.failures, "" if episode.failures == 1 else "s", _now() - episode.started)
+
+
 @dataclasses.dataclass
 class _Episode:
     started: float
     failures: int = 1
     last_error: str = ""
-
-
-class FailureEpisodes:
-    """One warning when a kind of failure starts, one info line when it ends.
-
-    ``failed(key, error)`` returns True for the first failure of an episode
-    (the caller logs it, or lets this class do it with ``log``); repeats are
-    counted and logged at debug. ``recovered(key)`` closes the episode.
-    """
-
-    def __init__(self, logger: logging.Logger):
-        self._log = logger
-        self._episodes: dict[str, _Episode] = {}
-
-    def failed(self, key: str, error: str, *, message: str | None = None) -> bool:
-        episode = self._episodes.get(key)
-        if episode is None:
-            self._episodes[key] = _Episode(started=_now(), last_error=error)
-            self._log.warning("%s", message or f"{key}: {error}")
-            return True
-        episode.failures += 1
-        episode.last_error = error
-        self._log.debug("%s (failure %d of this episode): %s", key, episode.failures, error)
-        return False
-
-    def recovered(self, key: str) -> None:
-        episode = self._episodes.pop(key, None)
-        if episode is not None:
-            self._log.info("%s: recovered after %d failure%s in %.1fs (last: %s)",
-                           key, episode.failures, "" if episode.failures == 1 else "s",
-                           _now() - episode.started, episode.last_error)
-
-    def is_failing(self, key: str) -> bool:
-        return key in self._episodes
+    last_failure: float = 0.0
 
 
 def _now() -> float:
-    try:
-        return trio.current_time()
-    except RuntimeError:  # outside Trio (tests of the formatter)
-        import time
-
-        return time.monotonic()
+    return time.monotonic()
