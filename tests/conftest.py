@@ -133,7 +133,7 @@ def _make_queue_storage(dsn: str) -> None:
     import sys
 
     script = (
-        "import asyncio, sys, awa\n"
+        "import asyncio, json, sys, awa\n"
         "async def main(dsn):\n"
         "    client = awa.AsyncClient(dsn)\n"
         "    @client.task(dict, kind='noop', queue='default')\n"
@@ -141,7 +141,9 @@ def _make_queue_storage(dsn: str) -> None:
         "    await client.start([{'name': 'default', 'max_workers': 1}],\n"
         "                       storage_transition_role='auto', leader_election_interval_ms=600000)\n"
         "    for _ in range(100):\n"
-        "        if (await client.storage_status())['state'] == 'active': break\n"
+        "        status = await client.storage_status()\n"
+        "        status = json.loads(status) if isinstance(status, str) else status\n"
+        "        if status['state'] == 'active': break\n"
         "        await asyncio.sleep(0.1)\n"
         "    await client.shutdown(timeout_ms=1000)\n"
         "asyncio.run(main(sys.argv[1]))\n"
