@@ -111,16 +111,7 @@ async def _prune_in_transaction(
         # from eight ACCESS EXCLUSIVE locks on hot partitions.
         return PruneResult(PruneOutcome.NOOP, slot=slot)
 
-    names = {
-        f"{key}_child": sql.child(schema, table, slot)
-        for key, table in (
-            ("ready", "ready_entries"), ("claim_attempt", "ready_claim_attempt_batches"),
-            ("done", "done_entries"), ("tombstone", "ready_tombstones"),
-            ("segment", "ready_segments"), ("receipt_batch", "receipt_completion_batches"),
-            ("receipt_tombstone", "receipt_completion_tombstones"),
-            ("delta", "queue_terminal_count_deltas"),
-        )
-    }
+    names = sql.child_placeholders(schema, slot)
 
     # Gates before any exclusive lock, so a busy slot never queues hot claim
     # reads behind a doomed TRUNCATE; checked again once the locks are held.
