@@ -6,11 +6,21 @@ slot is empty; prune empties the oldest sealed slot with TRUNCATE (no dead
 tuples), after proving nothing in it is still needed, so the ring can come
 round again. Upstream: ``QueueStorage::rotate`` / ``prune_oldest`` (v0.6.1).
 
-One deliberate difference: upstream copies every failed row inside the
-failed-retention floor into the live slot on every lap, even when the ring
-has no traffic at all. Here a slot that holds nothing but such rows is left
-alone while the live slot has received no work (see :func:`prune`), so an
-idle ring rewrites nothing; under traffic both rewrite each row once a lap.
+Deliberate differences from upstream:
+
+* upstream copies every failed row inside the failed-retention floor into
+  the live slot once a lap (every slot_count - 1 rotations), even when the
+  ring has no traffic at all. Here a slot that holds nothing but such rows
+  is left alone while the live slot has received no work, and the ring parks
+  in front of it; an idle ring rewrites nothing. Rows past the floor by more
+  than one lap's time still make the prune run. Under traffic both rewrite
+  each row once a lap: the schema leaves no cheaper place for them (README);
+* a slot that is already empty is a Noop without locks (upstream truncates
+  it again, eight ACCESS EXCLUSIVE locks on hot partitions, every tick);
+* rotate and prune run READ COMMITTED whatever the database default, so the
+  gates after the lock wait see what committed during it.
+
+The queue ring has no rescue cursors to reset: those live on the claim ring.
 """
 
 from __future__ import annotations
