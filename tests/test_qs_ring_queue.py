@@ -466,3 +466,52 @@ async def test_a_snapshot_older_than_a_prune_misses_the_carried_rows(
         await reader.close()
     assert stale == 0
     assert await qs_db.fetchval("SELECT count(*) FROM awa.done_entries WHERE state = 'failed'") == 3
+
+
+UPSTREAM_LEADER_SCRIPT = """
+import asyncio, sys, awa
+async def main(dsn):
+    client = awa.AsyncClient(dsn)
+    @client.task(dict, kind="upstream_idle_noop", queue="upstream_idle")
+    async def noop(job):
+        pass
+    await client.start([{"name": "upstream_idle", "max_workers": 1}],
+                       storage_transition_role="auto", leader_election_interval_ms=100,
+                       failed_retention_hours=24.0,
+                       queue_storage_queue_rotate_interval_ms=100)
+    print("READY", flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_an_awa_pg_leader_takes_over_a_parked_ring(
+        qs_database_url, qs_db, qs_awa_client, meter_provider):
+    """The parked ring is a state upstream's own leader understands: it
+    carries the rows as it always does and the ring turns again, with every
+    failed job still failed and the counts unchanged."""
+    import subprocess
+    import sys
+
+    ctx = await make_context(qs_db, meter_provider=meter_provider, failed_retention=DAY)
+    ids = await insert_jobs(qs_awa_client, 4, kind="ring_fail", max_attempts=1)
+    await finish_jobs(qs_database_url, qs_db, qs_awa_client, "ring_fail", "fail", ids)
+    slot_count = await qs_db.fetchval("SELECT slot_count FROM awa.queue_ring_state")
+    for _ in range(2 * slot_count):
+        await rotate_queue.run_once(ctx)
+    assert not (await rotate_queue.rotate(ctx)).rotated  # parked
+    _, parked_generation = await ring_state(qs_db)
+
+    leader = await trio.lowlevel.open_process(
+        [sys.executable, "-c", UPSTREAM_LEADER_SCRIPT, qs_database_url], stdout=subprocess.DEVNULL)
+    try:
+        async def turned() -> bool:
+            return (await ring_state(qs_db))[1] >= parked_generation + slot_count
+        await wait_until(turned, timeout=60)
+    finally:
+        leader.kill()
+        with trio.move_on_after(5):
+            await leader.wait()
+    assert set((await job_states(qs_awa_client, ids)).values()) == {"failed"}
+    assert await exact_terminal_total(qs_db, "default") == 4
+    assert await pruned_rollups(qs_db, "default") == (0, 0)
