@@ -31,13 +31,13 @@ import pytest
 import trio
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
+from support.awa_pg import WORKER_SCRIPT
+from support.contexts import make_context
+from support.qs_rings import exact_terminal_total, job_states, pruned_rollups
 
 from awa_trio.db import open_database
 from awa_trio.leadership import LOCK_KEY
 from awa_trio.queue_storage import rotate_queue
-from support.awa_pg import WORKER_SCRIPT
-from support.contexts import make_context
-from support.qs_rings import exact_terminal_total, job_states, pruned_rollups
 
 DAY = 86400.0
 QUEUES = {"ok": "prop_ok", "fail": "prop_fail"}
@@ -123,8 +123,9 @@ async def run_program(dsn, client, ledger: Ledger, program) -> None:
             if name == "enqueue":
                 _, key, count = step
                 ledger.ids[key] += await trio.to_thread.run_sync(
-                    lambda: [client.insert({"n": n}, kind=KINDS[key], queue=QUEUES[key],
-                                           max_attempts=1).id for n in range(count)])
+                    lambda key=key, count=count: [
+                        client.insert({"n": n}, kind=KINDS[key], queue=QUEUES[key], max_attempts=1).id
+                        for n in range(count)])
             elif name == "pause":
                 await trio.to_thread.run_sync(
                     lambda: [client.pause_queue(queue) for queue in QUEUES.values()])

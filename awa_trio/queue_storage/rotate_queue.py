@@ -26,13 +26,14 @@ The queue ring has no rescue cursors to reset: those live on the claim ring.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from ..context import MaintenanceContext
 from ..db import Connection, QueryError
 from ..tracker import PruneOutcome
 from . import queue_ring as sql
 from .layout import schema_name
-from .rings import QUEUE_RING, PruneResult, RotateResult, RingTickResult, run_ring_tick
+from .rings import QUEUE_RING, PruneResult, RingTickResult, RotateResult, run_ring_tick
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,11 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
     schema = schema_name(ctx)
     async with ctx.db.transaction() as conn:
         await conn.execute(sql.READ_COMMITTED_SQL)
-        state = await conn.fetchrow(sql.LOCK_RING_STATE_SQL.format(schema=schema))
+        state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
         current, generation, slot_count = (
             int(state["current_slot"]), int(state["generation"]), int(state["slot_count"]))
         next_slot = (current + 1) % slot_count
-        busy = await conn.fetchrow(sql.children_busy_sql(schema, next_slot))
+        busy = await _fetch_one(conn, sql.children_busy_sql(schema, next_slot))
         blockers = {label: int(busy[label]) for label, _table in sql.QUEUE_SLOT_CHILDREN}
         if any(blockers.values()):
             return RotateResult(rotated=False, slot=next_slot, blockers=blockers)
@@ -70,6 +71,14 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
         if advanced is None:
             return RotateResult(rotated=False, slot=next_slot)
         return RotateResult(rotated=True, slot=next_slot, generation=generation + 1)
+
+
+async def _fetch_one(conn: Connection, query: str, *args: object) -> Any:
+    """The one row ``query`` always returns."""
+    row = await conn.fetchrow(query, *args)
+    if row is None:  # pragma: no cover - the queries above always return a row
+        raise RuntimeError(f"{NAME}: expected one row from {query.strip()[:60]!r}")
+    return row
 
 
 class _Blocked(Exception):
@@ -108,14 +117,14 @@ async def _prune_in_transaction(
     defer_idle_carry: bool,
 ) -> PruneResult:
     await conn.execute(sql.READ_COMMITTED_SQL)
-    state = await conn.fetchrow(sql.LOCK_RING_STATE_SQL.format(schema=schema))
+    state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
     current, slot_count = int(state["current_slot"]), int(state["slot_count"])
     target = await conn.fetchrow(sql.OLDEST_SEALED_SLOT_SQL.format(schema=schema), current)
     if target is None:
         return PruneResult(PruneOutcome.NOOP)
     slot, generation = int(target["slot"]), int(target["generation"])
 
-    busy = await conn.fetchrow(sql.children_busy_sql(schema, slot))
+    busy = await _fetch_one(conn, sql.children_busy_sql(schema, slot))
     if not any(busy.values()):
         # Already empty (pruned earlier, never used since): nothing to gain
         # from eight ACCESS EXCLUSIVE locks on hot partitions.
@@ -170,8 +179,8 @@ async def _prune_in_transaction(
                     schema=schema, buckets=sql.TERMINAL_COUNTER_BUCKETS, **names),
                 floor, current, live_generation)
 
-    folded = await conn.fetchrow(
-        sql.FOLD_INTO_ROLLUPS_SQL.format(schema=schema, **names), floor, floor > 0)
+    folded = await _fetch_one(
+        conn, sql.FOLD_INTO_ROLLUPS_SQL.format(schema=schema, **names), floor, floor > 0)
     await conn.execute(sql.TRUNCATE_SLOT_SQL.format(children=children))
     await conn.execute(sql.DELETE_SLOT_LIVE_COUNTS_SQL.format(schema=schema), slot)
     if carried:
@@ -193,8 +202,8 @@ async def _prune_in_transaction(
 async def _check_gates(
     conn: Connection, schema: str, slot: int, generation: int, names: dict[str, str]
 ) -> PruneResult | None:
-    gates = await conn.fetchrow(
-        sql.PRUNE_GATES_SQL.format(schema=schema, ready_child=names["ready_child"]),
+    gates = await _fetch_one(
+        conn, sql.PRUNE_GATES_SQL.format(schema=schema, ready_child=names["ready_child"]),
         slot, generation)
     for column, reason in (
         ("active_leases", sql.REASON_ACTIVE_LEASES),
