@@ -1,0 +1,309 @@
+"""SQL of the queue ring (rotate and prune), kept in one place.
+
+The queue ring partitions eight tables by ``ready_slot``; each has one child
+per slot (``{schema}.ready_entries_3`` ...). Templates take ``{schema}`` and,
+where a single child is meant, ``{slot}``: both come from the database (the
+validated schema name, a slot number read from the ring state), never from
+user input. Everything else is a bind parameter.
+"""
+
+from __future__ import annotations
+
+#: (upstream's blocker label, partitioned table) for every child of a queue
+#: slot, in upstream's order. The label is ``awa.ring.blocker`` when that
+#: child keeps the rotation from moving on.
+QUEUE_SLOT_CHILDREN: tuple[tuple[str, str], ...] = (
+    ("queue.ready_rows", "ready_entries"),
+    ("queue.claim_attempt_batches", "ready_claim_attempt_batches"),
+    ("queue.done_rows", "done_entries"),
+    ("queue.tombstone_rows", "ready_tombstones"),
+    ("queue.ready_segments", "ready_segments"),
+    ("queue.receipt_completion_batch_rows", "receipt_completion_batches"),
+    ("queue.receipt_completion_tombstone_rows", "receipt_completion_tombstones"),
+    ("queue.terminal_delta_rows", "queue_terminal_count_deltas"),
+)
+
+#: ``awa.ring.reason`` labels of upstream's queue prune gates, checked in this order.
+REASON_ACTIVE_LEASES = "queue.active_leases"
+REASON_PENDING_READY = "queue.pending_ready"
+REASON_UNCLOSED_CLAIM_REFS = "queue.unclosed_claim_refs"
+
+#: Same as upstream's TERMINAL_COUNTER_BUCKETS: terminal counters are striped by job id.
+TERMINAL_COUNTER_BUCKETS = 256
+
+
+def child(schema: str, table: str, slot: int) -> str:
+    """The child of ``table`` holding ``slot`` (slot numbers come from the ring state)."""
+    return f"{schema}.{table}_{int(slot)}"
+
+
+def slot_children(schema: str, slot: int) -> list[str]:
+    return [child(schema, table, slot) for _label, table in QUEUE_SLOT_CHILDREN]
+
+
+#: Template placeholder of each child in the prune statements below.
+CHILD_PLACEHOLDERS = {
+    "ready_child": "ready_entries",
+    "claim_attempt_child": "ready_claim_attempt_batches",
+    "done_child": "done_entries",
+    "tombstone_child": "ready_tombstones",
+    "segment_child": "ready_segments",
+    "receipt_batch_child": "receipt_completion_batches",
+    "receipt_tombstone_child": "receipt_completion_tombstones",
+    "delta_child": "queue_terminal_count_deltas",
+}
+
+
+def child_placeholders(schema: str, slot: int) -> dict[str, str]:
+    """``{ready_child: awa.ready_entries_3, ...}`` for ``str.format``."""
+    return {key: child(schema, table, slot) for key, table in CHILD_PLACEHOLDERS.items()}
+
+
+def children_busy_sql(schema: str, slot: int) -> str:
+    """One row, one boolean per child of ``slot``: does it hold any row?
+
+    Presence only (``EXISTS``), as upstream: counting a hot child would cost
+    a scan per tick for a number nobody needs."""
+    columns = ",\n        ".join(
+        f'EXISTS (SELECT 1 FROM {child(schema, table, slot)}) AS "{label}"'
+        for label, table in QUEUE_SLOT_CHILDREN
+    )
+    return f"SELECT\n        {columns}"
+
+
+# Read committed, always: the post-lock gates and the carry must see rows that
+# committed while the prune waited for its locks. A repeatable-read snapshot
+# (say, a database-wide default_transaction_isolation) would be taken before
+# the lock and TRUNCATE would then drop rows that snapshot never saw.
+READ_COMMITTED_SQL = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+
+# The ring-state row lock serialises rotate and prune with each other and
+# with any awa-pg leader doing the same (upstream takes the same row lock).
+LOCK_RING_STATE_SQL = """
+    SELECT current_slot, generation, slot_count
+    FROM {schema}.queue_ring_state
+    WHERE singleton
+    FOR UPDATE
+"""
+
+# Compare-and-set on (slot, generation): under the row lock it cannot lose,
+# but a stale read can never move the cursor twice.
+ADVANCE_CURSOR_SQL = """
+    WITH advanced AS (
+        UPDATE {schema}.queue_ring_state
+        SET current_slot = $3, generation = $4
+        WHERE singleton AND current_slot = $1 AND generation = $2
+        RETURNING current_slot, generation
+    )
+    UPDATE {schema}.queue_ring_slots AS slots
+    SET generation = advanced.generation
+    FROM advanced
+    WHERE slots.slot = advanced.current_slot
+    RETURNING slots.slot
+"""
+
+# The oldest sealed slot: every initialised slot but the current one, by age.
+OLDEST_SEALED_SLOT_SQL = """
+    SELECT slot, generation
+    FROM {schema}.queue_ring_slots
+    WHERE generation >= 0 AND slot <> $1
+    ORDER BY generation, slot
+    LIMIT 1
+    FOR UPDATE
+"""
+
+SLOT_GENERATION_SQL = "SELECT generation FROM {schema}.queue_ring_slots WHERE slot = $1"
+
+# Upstream's three skip gates, in one round trip ($1 slot, $2 generation):
+# - leases still pointing at the slot's generation;
+# - ready rows at or ahead of their lane's claim cursor (not yet claimed);
+# - receipt claims of the generation without as much closure evidence as
+#   claims (counted, not anti-joined: a mismatch is enough to make TRUNCATE
+#   unsafe, and the count stays cheap under a pinned MVCC horizon).
+PRUNE_GATES_SQL = """
+    WITH claim_cursors AS MATERIALIZED (
+        SELECT queue, priority, enqueue_shard,
+               {schema}.sequence_next_value(seq_name) AS claim_seq
+        FROM {schema}.queue_claim_heads
+    )
+    SELECT
+        EXISTS (
+            SELECT 1 FROM {schema}.leases
+            WHERE ready_slot = $1 AND ready_generation = $2
+        ) AS active_leases,
+        EXISTS (
+            SELECT 1
+            FROM claim_cursors AS cursors
+            CROSS JOIN LATERAL (
+                SELECT 1 FROM {ready_child} AS ready
+                WHERE ready.ready_generation = $2
+                  AND ready.queue = cursors.queue
+                  AND ready.priority = cursors.priority
+                  AND ready.enqueue_shard = cursors.enqueue_shard
+                  AND ready.lane_seq >= cursors.claim_seq
+                LIMIT 1
+            ) AS unclaimed
+        ) AS pending_ready,
+        (
+            (SELECT count(*) FROM {schema}.lease_claims
+             WHERE ready_slot = $1 AND ready_generation = $2)
+          + (SELECT COALESCE(sum(claimed_count), 0) FROM {schema}.lease_claim_batches
+             WHERE ready_slot = $1 AND ready_generation = $2)
+        ) <> (
+            (SELECT count(*)
+             FROM {schema}.lease_claims AS claims
+             JOIN {schema}.lease_claim_closures AS closures
+               ON closures.claim_slot = claims.claim_slot
+              AND closures.job_id = claims.job_id
+              AND closures.run_lease = claims.run_lease
+             WHERE claims.ready_slot = $1 AND claims.ready_generation = $2)
+          + (SELECT COALESCE(sum(closed_count), 0) FROM {schema}.lease_claim_closure_batches
+             WHERE ready_slot = $1 AND ready_generation = $2)
+        ) AS unclosed_claim_refs
+"""
+
+# Can the carry of this slot wait? True when the slot holds nothing but
+# failed done rows inside the retention floor (plus their count deltas) and
+# none of them is past the floor by more than the grace ($2 seconds): then a
+# prune would drop nothing and only copy every row into the live slot.
+# ($1 = failed retention in seconds.)
+ONLY_RETAINED_FAILED_ROWS_SQL = """
+    SELECT
+        NOT EXISTS (
+            SELECT 1 FROM {done_child}
+            WHERE state <> 'failed'
+               OR finalized_at < now() - make_interval(secs => $1::double precision + $2::double precision)
+        )
+        AND NOT EXISTS (SELECT 1 FROM {ready_child})
+        AND NOT EXISTS (SELECT 1 FROM {claim_attempt_child})
+        AND NOT EXISTS (SELECT 1 FROM {tombstone_child})
+        AND NOT EXISTS (SELECT 1 FROM {segment_child})
+        AND NOT EXISTS (SELECT 1 FROM {receipt_batch_child})
+        AND NOT EXISTS (SELECT 1 FROM {receipt_tombstone_child})
+"""
+
+# Has the live slot received work since it became current? Ready rows are
+# only ever appended to the current slot, so an empty ready child means the
+# ring has had no traffic since the last rotation.
+CURRENT_SLOT_HAS_TRAFFIC_SQL = "SELECT EXISTS (SELECT 1 FROM {ready_child})"
+
+LOCK_SLOT_SQL = "LOCK TABLE {children} IN ACCESS EXCLUSIVE MODE"
+
+SET_LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', $1, true)"
+
+# Re-home failed rows inside the retention floor ($1 seconds) into the live
+# slot ($2, generation $3), widened to a self-contained row: the ready rows
+# they would otherwise borrow args/payload/timestamps from are truncated with
+# this slot. No ON CONFLICT: lane_seq never repeats, so a collision means
+# corrupt terminal state and must fail the prune rather than lose a row.
+CARRY_FAILED_ROWS_SQL = """
+    INSERT INTO {schema}.done_entries (
+        ready_slot, ready_generation, job_id, kind, queue, args, state, priority,
+        attempt, run_lease, max_attempts, lane_seq, enqueue_shard, run_at,
+        attempted_at, finalized_at, created_at, unique_key, unique_states, payload
+    )
+    SELECT
+        $2, $3, done.job_id, done.kind, done.queue,
+        COALESCE(done.args, ready.args, '{{}}'::jsonb),
+        done.state, done.priority, done.attempt, done.run_lease,
+        COALESCE(done.max_attempts, ready.max_attempts, 25::smallint),
+        done.lane_seq, done.enqueue_shard,
+        COALESCE(done.run_at, ready.run_at, done.finalized_at),
+        COALESCE(done.attempted_at, ready.attempted_at),
+        done.finalized_at,
+        COALESCE(done.created_at, ready.created_at, done.finalized_at),
+        COALESCE(done.unique_key, ready.unique_key),
+        COALESCE(done.unique_states, ready.unique_states),
+        COALESCE(done.payload, ready.payload, '{{}}'::jsonb)
+    FROM {done_child} AS done
+    LEFT JOIN {ready_child} AS ready
+      ON ready.ready_slot = done.ready_slot
+     AND ready.ready_generation = done.ready_generation
+     AND ready.queue = done.queue
+     AND ready.priority = done.priority
+     AND ready.enqueue_shard = done.enqueue_shard
+     AND ready.lane_seq = done.lane_seq
+    WHERE done.state = 'failed'
+      AND done.finalized_at >= now() - make_interval(secs => $1::double precision)
+"""
+
+# The carried rows' count evidence moves with them: positive deltas under the
+# live slot, grouped as the completion path groups them (this slot's live
+# counters and deltas are wiped below).
+CARRY_COUNT_DELTAS_SQL = """
+    INSERT INTO {schema}.queue_terminal_count_deltas (
+        ready_slot, ready_generation, queue, priority, enqueue_shard,
+        counter_bucket, terminal_delta
+    )
+    SELECT $2, $3, queue, priority, enqueue_shard,
+           mod(mod(job_id, {buckets}) + {buckets}, {buckets})::smallint AS bucket,
+           count(*)
+    FROM {done_child}
+    WHERE state = 'failed'
+      AND finalized_at >= now() - make_interval(secs => $1::double precision)
+    GROUP BY queue, priority, enqueue_shard, bucket
+    ORDER BY queue, priority, enqueue_shard, bucket
+"""
+
+# Fold the slot's terminal rows into the permanent rollups, from ground truth
+# (the children about to be truncated, every generation in them), not from
+# the live counters. Carried failed rows are still live, so they are left
+# out. Completed = done rows that are not failed (cancelled included, as
+# upstream) plus receipt completions without a tombstone. $1 = floor seconds,
+# $2 = whether the floor is on.
+FOLD_INTO_ROLLUPS_SQL = """
+    WITH done_counts AS (
+        SELECT queue, priority,
+               count(*) FILTER (WHERE state <> 'failed') AS completed,
+               count(*) FILTER (
+                   WHERE state = 'failed'
+                     AND (NOT $2::boolean
+                          OR finalized_at < now() - make_interval(secs => $1::double precision))
+               ) AS failed
+        FROM {done_child}
+        GROUP BY queue, priority
+    ),
+    receipt_counts AS (
+        SELECT batch.queue, batch.priority, count(*) AS completed
+        FROM {receipt_batch_child} AS batch
+        CROSS JOIN LATERAL unnest(batch.job_ids, batch.run_leases) AS item(job_id, run_lease)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {receipt_tombstone_child} AS tomb
+            WHERE tomb.ready_generation = batch.ready_generation
+              AND tomb.job_id = item.job_id
+              AND tomb.run_lease = item.run_lease
+        )
+        GROUP BY batch.queue, batch.priority
+    ),
+    folded AS (
+        SELECT queue, priority,
+               (COALESCE(done_counts.completed, 0) + COALESCE(receipt_counts.completed, 0))::bigint
+                   AS completed,
+               COALESCE(done_counts.failed, 0)::bigint AS failed
+        FROM done_counts
+        FULL JOIN receipt_counts USING (queue, priority)
+    ),
+    upserted AS (
+        INSERT INTO {schema}.queue_terminal_rollups AS rollups (
+            queue, priority, pruned_completed_count, pruned_failed_count
+        )
+        SELECT queue, priority, completed, failed
+        FROM folded
+        WHERE completed <> 0 OR failed <> 0
+        ORDER BY queue, priority
+        ON CONFLICT (queue, priority) DO UPDATE
+        SET pruned_completed_count =
+                GREATEST(0, rollups.pruned_completed_count + EXCLUDED.pruned_completed_count),
+            pruned_failed_count =
+                GREATEST(0, rollups.pruned_failed_count + EXCLUDED.pruned_failed_count)
+        RETURNING 1
+    )
+    SELECT COALESCE(sum(completed), 0)::bigint AS completed,
+           COALESCE(sum(failed), 0)::bigint AS failed
+    FROM folded
+"""
+
+TRUNCATE_SLOT_SQL = "TRUNCATE TABLE {children}"
+
+# The slot's folded counters describe rows that are gone now.
+DELETE_SLOT_LIVE_COUNTS_SQL = "DELETE FROM {schema}.queue_terminal_live_counts WHERE ready_slot = $1"
