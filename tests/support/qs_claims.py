@@ -190,3 +190,73 @@ def _worker_main() -> None:
 
 if __name__ == "__main__":
     _worker_main()
+
+
+# --- synthetic claim-plane rows, for model-based tests ------------------------
+# Shaped as awa-pg writes them (see the ADR-023 shapes: row-local claims and
+# explicit closures, compact claim batches and compact closure batches).
+
+# DELETE, not TRUNCATE: truncating the whole partition tree costs seconds.
+RESET_CLAIM_PLANE_SQL = """
+    DELETE FROM awa.lease_claims;
+    DELETE FROM awa.lease_claim_batches;
+    DELETE FROM awa.lease_claim_closures;
+    DELETE FROM awa.lease_claim_closure_batches;
+    UPDATE awa.claim_ring_slots
+    SET generation = CASE WHEN slot = 0 THEN 0 ELSE -1 END,
+        rescue_cursor_claimed_at = '-infinity', rescue_cursor_job_id = 0,
+        rescue_cursor_run_lease = 0, deadline_cursor_deadline_at = '-infinity',
+        deadline_cursor_job_id = 0, deadline_cursor_run_lease = 0;
+"""
+
+SET_CLAIM_RING_SQL = """
+    UPDATE awa.claim_ring_state SET current_slot = 0, generation = 0, slot_count = $1
+"""
+
+ROW_CLAIM_SQL = """
+    INSERT INTO awa.lease_claims (
+        claim_slot, job_id, run_lease, ready_slot, ready_generation, queue,
+        priority, attempt, max_attempts, lane_seq, deadline_at
+    )
+    SELECT current_slot, $1, 1, 0, 0, 'model_q', 2, 1, 25, $1, now() + interval '5 minutes'
+    FROM awa.claim_ring_state
+    RETURNING claim_slot, receipt_id
+"""
+
+COMPACT_CLAIM_SQL = """
+    WITH ids AS (
+        SELECT array_agg(job_id ORDER BY job_id) AS job_ids,
+               array_agg(nextval('awa.lease_claim_receipt_id_seq') ORDER BY job_id) AS receipt_ids
+        FROM unnest($1::bigint[]) AS job_id
+    )
+    INSERT INTO awa.lease_claim_batches (
+        claim_slot, ready_slot, ready_generation, queue, priority, claimed_count,
+        job_ids, run_leases, receipt_ids, receipt_ranges, lane_seqs, attempts, max_attempts
+    )
+    SELECT state.current_slot, 0, 0, 'model_q', 2, cardinality(ids.job_ids),
+           ids.job_ids, array_fill(1::bigint, ARRAY[cardinality(ids.job_ids)]), ids.receipt_ids,
+           (SELECT range_agg(int8range(receipt, receipt + 1)) FROM unnest(ids.receipt_ids) AS receipt),
+           ids.job_ids, array_fill(1::smallint, ARRAY[cardinality(ids.job_ids)]),
+           array_fill(25::smallint, ARRAY[cardinality(ids.job_ids)])
+    FROM awa.claim_ring_state AS state, ids
+    RETURNING claim_slot, receipt_ids
+"""
+
+EXPLICIT_CLOSURE_SQL = """
+    INSERT INTO awa.lease_claim_closures (claim_slot, job_id, run_lease, outcome)
+    VALUES ($1, $2, 1, 'completed')
+    ON CONFLICT DO NOTHING
+"""
+
+CLOSURE_BATCH_SQL = """
+    INSERT INTO awa.lease_claim_closure_batches (
+        claim_slot, ready_slot, ready_generation, outcome, closed_count, receipt_ids, receipt_ranges
+    )
+    VALUES ($1, 0, 0, 'completed', 1, ARRAY[$2::bigint], int8multirange(int8range($2, $2 + 1)))
+"""
+
+CLAIMED_JOBS_SQL = """
+    SELECT claim_slot, job_id FROM awa.lease_claims
+    UNION ALL
+    SELECT claim_slot, unnest(job_ids) FROM awa.lease_claim_batches
+"""
