@@ -146,7 +146,7 @@ async def measure(dsn: str) -> list[tuple]:
                 ours.append(await timed(lambda: db.fetchval(proof_sql)))
                 outcome = {}
 
-                async def prune():
+                async def prune(outcome=outcome):
                     outcome["result"] = await rotate_claim.prune(ctx, lock_timeout=1.0)
 
                 prunes.append(await timed(prune))

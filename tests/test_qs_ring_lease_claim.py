@@ -19,8 +19,8 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.awa_pg import awa_pg_worker
-from support.helpers import metric_points
 from support.contexts import make_context
+from support.helpers import metric_points
 from support.qs_claims import (
     CLAIMED_JOBS_SQL,
     CLOSURE_BATCH_SQL,
@@ -35,8 +35,10 @@ from support.qs_claims import (
     claim_closed,
     claim_slot_of,
     claim_slot_rows,
+    compact_claim_of,
     insert_job,
     leader_lock_held,
+    receipt_closed,
     relfilenode,
     ring_cursor,
     slot_rows,
@@ -304,6 +306,38 @@ async def test_reader_holding_access_share_blocks_the_claim_prune_until_it_lets_
     assert counter(metric_reader, PRUNE_ATTEMPTS, ring="claim", outcome="pruned", reason="none") == 1
 
 
+async def test_compact_claims_of_a_zero_deadline_queue_keep_their_slot_until_each_is_closed(
+    qs_database_url, qs_db, qs_ctx, qs_awa_client
+):
+    db, ctx = qs_db, qs_ctx
+    async with leader_lock_held(db), callback_worker(
+        qs_database_url, "ring_compact:compact_q", callback=False, deadline_ms=0
+    ) as worker:
+        hanging = await insert_job(qs_awa_client, "ring_compact", "compact_q", {"hang": True})
+        finished = await insert_job(qs_awa_client, "ring_compact", "compact_q", {"hang": False})
+        await worker.wait_for_line(f"START {hanging}")
+        await worker.wait_for_line(f"DONE {finished}")
+        done_claim = await compact_claim_of(db, finished)
+        await wait_until(lambda: receipt_closed(db, done_claim["receipt_id"]))
+    # The worker is gone; its hanging claim is compact and still open.
+    open_claim = await compact_claim_of(db, hanging)
+    assert (open_claim["claim_slot"], done_claim["claim_slot"]) == (0, 0)
+    assert await slot_rows(db, "lease_claims", 0) == 0
+    assert not await receipt_closed(db, open_claim["receipt_id"])
+
+    assert (await rotate_claim.rotate(ctx)).rotated
+    skipped = await rotate_claim.prune(ctx)
+    assert (skipped.outcome, skipped.reason, skipped.count) == (
+        PruneOutcome.SKIPPED_ACTIVE, "claim.open", 1)
+    assert await compact_claim_of(db, hanging) is not None
+
+    # What the receipt rescue appends for a stale compact claim.
+    await db.execute(CLOSURE_BATCH_SQL, 0, open_claim["receipt_id"])
+    pruned = await rotate_claim.prune(ctx)
+    assert (pruned.outcome, pruned.slot) == (PruneOutcome.PRUNED, 0)
+    assert set((await claim_slot_rows(db, 0)).values()) == {0}
+
+
 # --- lease ring ---------------------------------------------------------------
 
 
@@ -419,7 +453,7 @@ async def test_rotation_loses_the_compare_and_set_cleanly_when_another_rotator_m
             db, f"UPDATE awa.{ring}_ring_state SET current_slot = 1, generation = 1")
         outcome = {}
         async with trio.open_nursery() as nursery:
-            async def rotate(module=module):
+            async def rotate(module=module, outcome=outcome):
                 outcome["result"] = await module.run_once(ctx)
             nursery.start_soon(rotate)
             await wait_for_lock_waiter(db, f"%UPDATE awa.{ring}_ring_state%")

@@ -1,10 +1,12 @@
 """Real claims and leases on a queue-storage database, for ring tests.
 
-Also a small awa-pg worker (run this file as a script) whose handler
-registers a callback, which materialises the attempt into a ``leases`` row,
-then either hangs or returns: ``python qs_claims.py DSN KIND:QUEUE``. Job
-args ``{"hang": true}`` hang, anything else completes. Prints READY,
-``START <id>`` and ``DONE <id>`` lines like awa_pg_worker.py.
+Also a small awa-pg worker (run this file as a script):
+``python qs_claims.py DSN KIND:QUEUE [--plain] [--deadline-ms N]``. Its
+handler registers a callback, which materialises the attempt into a
+``leases`` row (unless ``--plain``), then hangs if the job's args say
+``{"hang": true}`` and completes otherwise. ``--deadline-ms 0`` makes the
+queue's claims compact (``lease_claim_batches``, no per-claim row). Prints
+READY, ``START <id>`` and ``DONE <id>`` lines like awa_pg_worker.py.
 """
 
 from __future__ import annotations
@@ -137,16 +139,41 @@ async def claim_closed(db, job_id: int) -> bool:
     )
 
 
+async def compact_claim_of(db, job_id: int):
+    """(claim_slot, receipt_id) of the job's compact claim, or None."""
+    return await db.fetchrow(
+        """
+        SELECT batch.claim_slot, item.receipt_id
+        FROM awa.lease_claim_batches AS batch,
+             unnest(batch.job_ids, batch.receipt_ids) AS item(job_id, receipt_id)
+        WHERE item.job_id = $1
+        """,
+        job_id,
+    )
+
+
+async def receipt_closed(db, receipt_id: int) -> bool:
+    return await db.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM awa.lease_claim_closure_batches WHERE receipt_ranges @> $1::bigint)",
+        receipt_id,
+    )
+
+
 async def claim_slot_of(db, job_id: int) -> int | None:
     return await db.fetchval("SELECT claim_slot FROM awa.lease_claims WHERE job_id = $1", job_id)
 
 
 @asynccontextmanager
-async def callback_worker(dsn: str, spec: str):
-    """An awa-pg worker running this file's callback handler for KIND:QUEUE."""
+async def callback_worker(dsn: str, spec: str, *, callback: bool = True,
+                          deadline_ms: int | None = None):
+    """An awa-pg worker running this file's handler for KIND:QUEUE."""
     from support.awa_pg import WorkerProcess
 
     argv = [sys.executable, str(THIS_SCRIPT), dsn, spec]
+    if not callback:
+        argv.append("--plain")
+    if deadline_ms is not None:
+        argv += ["--deadline-ms", str(deadline_ms)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     async with trio.open_nursery() as nursery:
         process = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, env=env)
@@ -164,32 +191,39 @@ async def callback_worker(dsn: str, spec: str):
 
 
 def _worker_main() -> None:
+    import argparse
+
     import awa
 
-    dsn, spec = sys.argv[1], sys.argv[2]
-    kind, _, queue = spec.partition(":")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dsn")
+    parser.add_argument("spec", help="KIND:QUEUE")
+    parser.add_argument("--plain", action="store_true", help="no callback, no leases row")
+    parser.add_argument("--deadline-ms", type=int, default=None)
+    args = parser.parse_args()
+    kind, _, queue = args.spec.partition(":")
 
     async def main() -> None:
-        client = awa.AsyncClient(dsn)
+        client = awa.AsyncClient(args.dsn)
 
         @client.task(dict, kind=kind, queue=queue)
         async def handle(job):
             print("START", job.id, flush=True)
-            await job.register_callback(timeout_seconds=3600)
+            if not args.plain:
+                await job.register_callback(timeout_seconds=3600)
             if job.args.get("hang"):
                 await asyncio.Event().wait()
             print("DONE", job.id, flush=True)
 
-        await client.start([{"name": queue, "max_workers": 4}], storage_transition_role="auto",
-                           poll_interval_ms=50)
+        queue_config = {"name": queue, "max_workers": 4}
+        if args.deadline_ms is not None:
+            queue_config["deadline_duration_ms"] = args.deadline_ms
+        await client.start([queue_config], storage_transition_role="auto", poll_interval_ms=50)
         print("READY", flush=True)
         await asyncio.Event().wait()
 
     asyncio.run(main())
 
-
-if __name__ == "__main__":
-    _worker_main()
 
 
 # --- synthetic claim-plane rows, for model-based tests ------------------------
@@ -260,3 +294,7 @@ CLAIMED_JOBS_SQL = """
     UNION ALL
     SELECT claim_slot, unnest(job_ids) FROM awa.lease_claim_batches
 """
+
+
+if __name__ == "__main__":
+    _worker_main()
