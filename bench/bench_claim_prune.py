@@ -1,4 +1,5 @@
-"""What the claim prune's open-claim proof costs, per sealed slot size.
+"""What the claim prune's open-claim proof costs, per sealed slot size, and
+what an idle ring tick costs.
 
 Fills claim slot 0 of a fresh queue-storage database with N closed claims
 (half row-local ``lease_claims`` rows, half items of compact
@@ -10,6 +11,10 @@ awa-pg's compact completion writes them), seals the slot, and times:
 - the whole prune (both proofs, the exclusive lock, TRUNCATE, commit); the
   exclusive lock is held for the second proof plus the TRUNCATE.
 
+Then, on the emptied database, one idle tick (rotate + prune) of each ring:
+awa_trio's (a slot with no heap page is a Noop, nothing is locked or
+truncated) against a TRUNCATE every tick, as upstream does.
+
     python bench/bench_claim_prune.py [--server postgresql://postgres@localhost:5432]
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -27,11 +33,12 @@ import asyncpg
 import trio
 
 from awa_trio.db import open_database
-from awa_trio.queue_storage import rotate_claim
+from awa_trio.queue_storage import lease_claim_rings, rotate_claim, rotate_lease
 from awa_trio.tracker import PruneOutcome
 
 SIZES = (1_000, 10_000, 50_000)
 REPEATS = 5
+IDLE_TICKS = 40
 
 UPSTREAM_PROOF_SQL = """
     SELECT (SELECT count(*) FROM awa.lease_claims_0)
@@ -153,7 +160,21 @@ async def measure(dsn: str) -> list[tuple]:
                 assert outcome["result"].outcome is PruneOutcome.PRUNED, outcome
             rows.append((size, statistics.median(upstream), statistics.median(ours),
                          statistics.median(prunes)))
-    return rows
+
+        idle = []
+        for tables in (rotate_lease.LEASE_RING_TABLES, rotate_claim.CLAIM_RING_TABLES):
+            always_truncating = dataclasses.replace(tables, clean_sql="SELECT false")
+            medians = []
+            for variant in (tables, always_truncating):
+                ticks = []
+                for _ in range(IDLE_TICKS):
+                    started = time.perf_counter()
+                    await lease_claim_rings.rotate_ring(ctx, variant)
+                    await lease_claim_rings.prune_oldest(ctx, variant)
+                    ticks.append((time.perf_counter() - started) * 1000)
+                medians.append(statistics.median(ticks))
+            idle.append((tables.ring, *medians))
+    return rows, idle
 
 
 def main() -> None:
@@ -165,13 +186,18 @@ def main() -> None:
     dsn = f"{args.server}/{name}"
     try:
         subprocess.run([sys.executable, "-c", MAKE_QUEUE_STORAGE, dsn], timeout=180, check=False)
-        rows = trio.run(measure, dsn)
+        rows, idle = trio.run(measure, dsn)
     finally:
         admin(args.server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print(f"claim prune of one sealed slot, median of {REPEATS} (ms)")
     print(f"{'closed claims':>14} {'upstream proof':>15} {'awa_trio proof':>15} {'ratio':>6} {'whole prune':>12}")
     for size, upstream, ours, prune in rows:
         print(f"{size:>14,} {upstream:>15.1f} {ours:>15.1f} {ours / upstream:>6.1f} {prune:>12.1f}")
+    print()
+    print(f"idle ring tick (rotate + prune), median of {IDLE_TICKS} (ms)")
+    print(f"{'ring':>6} {'awa_trio (noop)':>16} {'truncate each tick':>19} {'ratio':>6}")
+    for ring, ours, truncating in idle:
+        print(f"{ring:>6} {ours:>16.1f} {truncating:>19.1f} {ours / truncating:>6.2f}")
 
 
 if __name__ == "__main__":
