@@ -1,0 +1,222 @@
+"""What the lease ring and the claim ring share: the cursor compare-and-set,
+the choice of the oldest sealed slot, and the prune transaction.
+
+Both rings are a cursor row (``<ring>_ring_state``: current slot, generation,
+slot count) over per-slot child partitions. Writers put new rows in the
+current slot; the leader moves the cursor onto the next slot once that slot
+is empty, and truncates the oldest sealed slot once nothing in it is live::
+
+    rotate:  read cursor (slot s, generation g)
+             count rows in the children of s+1      -> busy: SkippedBusy
+             UPDATE cursor := (s+1, g+1) WHERE cursor = (s, g)
+                                                    -> 0 rows: lost the CAS
+    prune:   cursor FOR UPDATE, oldest sealed slot o, slot row FOR UPDATE
+             nothing to reclaim in o                -> Noop
+             live rows in o (gate)                  -> SkippedActive
+             LOCK o's children ACCESS EXCLUSIVE, short lock_timeout
+                                                    -> 55P03: Blocked
+             o became current, or gate again        -> SkippedActive
+             TRUNCATE o's children (+ reset slot)   -> Pruned
+
+The rotation reads the cursor without a lock and lets the conditional UPDATE
+decide: a rotator that lost the race changes nothing and says so. Its
+statements hold no child-table lock while it waits for the cursor row, so it
+can never wedge a prune that holds the cursor and waits for those children.
+The prune holds the cursor row throughout, so no rotation can make its slot
+current under it; the gate runs before the exclusive lock (a doomed prune
+must not queue an ACCESS EXCLUSIVE in front of the hot path) and again after
+it (a writer that read the old cursor may commit while the lock waits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..context import MaintenanceContext
+from ..db import QueryError
+from ..tracker import PruneOutcome
+from .layout import schema_name
+from .rings import PruneResult, RotateResult
+
+#: How long a prune waits for the exclusive child locks before it reports
+#: Blocked (upstream's default prune lock timeout).
+PRUNE_LOCK_TIMEOUT = 0.010
+#: SQLSTATE lock_not_available: a lock wait ran into lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+#: Busy and live-row counts stop at this many rows per child: enough to tell
+#: "one straggler" from "a backlog", never a full scan of a big partition.
+ROW_COUNT_CAP = 1000
+
+READ_CURSOR_SQL = """
+    SELECT current_slot, generation, slot_count
+    FROM {schema}.{ring}_ring_state
+    WHERE singleton
+"""
+
+# Moves the cursor only if nobody moved it since we read it, and stamps the
+# slot row with the generation it now holds (as the queue ring does).
+ADVANCE_CURSOR_SQL = """
+    WITH moved AS (
+        UPDATE {schema}.{ring}_ring_state
+        SET current_slot = $1, generation = $2
+        WHERE singleton AND current_slot = $3 AND generation = $4
+        RETURNING current_slot, generation
+    ),
+    stamped AS (
+        UPDATE {schema}.{ring}_ring_slots AS slots
+        SET generation = moved.generation
+        FROM moved
+        WHERE slots.slot = moved.current_slot
+    )
+    SELECT current_slot, generation FROM moved
+"""
+
+# Serialises the prune with rotation (and any other prune) for its whole
+# transaction.
+LOCK_CURSOR_SQL = """
+    SELECT current_slot, generation, slot_count
+    FROM {schema}.{ring}_ring_state
+    WHERE singleton
+    FOR UPDATE
+"""
+
+LOCK_SLOT_ROW_SQL = """
+    SELECT slot FROM {schema}.{ring}_ring_slots WHERE slot = $1 FOR UPDATE
+"""
+
+CURRENT_SLOT_SQL = """
+    SELECT current_slot FROM {schema}.{ring}_ring_state WHERE singleton
+"""
+
+SET_LOCAL_LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', $1, true)"
+
+LOCK_CHILDREN_SQL = "LOCK TABLE {children} IN ACCESS EXCLUSIVE MODE"
+
+TRUNCATE_CHILDREN_SQL = "TRUNCATE TABLE {children}"
+
+
+def bounded_row_count(table: str) -> str:
+    """SQL expression: rows in ``table``, counted up to ROW_COUNT_CAP."""
+    return f"(SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT {ROW_COUNT_CAP}) AS capped)"
+
+
+def heap_pages_sql(tables: list[str]) -> str:
+    """SQL expression: total heap size of ``tables`` (0 = nothing to reclaim)."""
+    return " + ".join(f"pg_relation_size('{table}'::regclass)" for table in tables)
+
+
+@dataclasses.dataclass(frozen=True)
+class RingTables:
+    """One ring's tables and labels; every ``*_sql`` is a template over
+    ``{schema}``, ``{slot}`` and one placeholder per child (its parent name),
+    filled with the child partition of that slot."""
+
+    #: ``awa.ring`` value and table prefix (``lease``, ``claim``).
+    ring: str
+    #: Parent tables whose ``<parent>_<slot>`` children make up one slot.
+    children: tuple[str, ...]
+    #: One row whose columns are upstream's blocker labels, each the rows found
+    #: in the children of the slot about to become current.
+    busy_sql: str
+    #: Live rows that make truncating the slot unsafe (0 = safe).
+    live_sql: str
+    #: True when the slot holds nothing to reclaim (prune is then a Noop).
+    clean_sql: str
+    #: SkipReason labels: slot is the current one / slot still holds live rows.
+    current_reason: str
+    live_reason: str
+    #: Run after TRUNCATE, in the same transaction, if any.
+    after_truncate_sql: str | None = None
+
+    def fill(self, template: str, schema: str, slot: int) -> str:
+        children = {parent: f"{schema}.{parent}_{slot}" for parent in self.children}
+        return template.format(schema=schema, slot=slot, ring=self.ring, **children)
+
+    def child_tables(self, schema: str, slot: int) -> list[str]:
+        return [f"{schema}.{parent}_{slot}" for parent in self.children]
+
+
+def oldest_sealed_slot(current_slot: int, generation: int, slot_count: int) -> tuple[int, int] | None:
+    """(slot, generation) of the oldest slot that has been current and is not
+    now, or None while only the current slot was ever handed out."""
+    if slot_count <= 1:
+        return None
+    used_slots = min(generation + 1, slot_count)
+    if used_slots <= 1:
+        return None
+    age = used_slots - 1
+    return (current_slot - age) % slot_count, generation - age
+
+
+async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResult:
+    """Advance the ring's cursor onto the next slot if that slot is empty."""
+    schema = schema_name(ctx)
+    cursor = await ctx.db.fetchrow(READ_CURSOR_SQL.format(schema=schema, ring=tables.ring))
+    current, generation, slot_count = (
+        int(cursor["current_slot"]), int(cursor["generation"]), int(cursor["slot_count"]))
+    next_slot = (current + 1) % slot_count
+
+    busy_row = await ctx.db.fetchrow(tables.fill(tables.busy_sql, schema, next_slot))
+    blockers = {label: int(count) for label, count in busy_row.items()}
+    if any(blockers.values()):
+        return RotateResult(rotated=False, slot=next_slot, blockers=blockers)
+
+    moved = await ctx.db.fetchrow(
+        ADVANCE_CURSOR_SQL.format(schema=schema, ring=tables.ring),
+        next_slot, generation + 1, current, generation,
+    )
+    if moved is None:
+        # Another rotator moved the cursor since we read it.
+        return RotateResult(rotated=False, slot=next_slot, blockers={})
+    return RotateResult(rotated=True, slot=int(moved["current_slot"]),
+                        generation=int(moved["generation"]))
+
+
+async def prune_oldest(
+    ctx: MaintenanceContext, tables: RingTables, *, lock_timeout: float = PRUNE_LOCK_TIMEOUT
+) -> PruneResult:
+    """Truncate the oldest sealed slot of the ring if nothing in it is live."""
+    schema = schema_name(ctx)
+    ring_sql = {"schema": schema, "ring": tables.ring}
+    slot: int | None = None
+    try:
+        async with ctx.db.transaction() as conn:
+            cursor = await conn.fetchrow(LOCK_CURSOR_SQL.format(**ring_sql))
+            oldest = oldest_sealed_slot(
+                int(cursor["current_slot"]), int(cursor["generation"]), int(cursor["slot_count"]))
+            if oldest is None:
+                return PruneResult(outcome=PruneOutcome.NOOP)
+            slot = oldest[0]
+            if await conn.fetchval(LOCK_SLOT_ROW_SQL.format(**ring_sql), slot) is None:
+                return PruneResult(outcome=PruneOutcome.NOOP, slot=slot)
+            if await conn.fetchval(tables.fill(tables.clean_sql, schema, slot)):
+                return PruneResult(outcome=PruneOutcome.NOOP, slot=slot, details={"empty": True})
+
+            live_sql = tables.fill(tables.live_sql, schema, slot)
+            live = int(await conn.fetchval(live_sql))
+            if live:
+                return _skipped(slot, tables.live_reason, live, after_lock=False)
+
+            await conn.execute(SET_LOCAL_LOCK_TIMEOUT_SQL, f"{max(1, round(lock_timeout * 1000))}ms")
+            children = ", ".join(tables.child_tables(schema, slot))
+            await conn.execute(LOCK_CHILDREN_SQL.format(children=children))
+
+            if int(await conn.fetchval(CURRENT_SLOT_SQL.format(**ring_sql))) == slot:
+                return _skipped(slot, tables.current_reason, 0, after_lock=True)
+            live = int(await conn.fetchval(live_sql))
+            if live:
+                return _skipped(slot, tables.live_reason, live, after_lock=True)
+
+            await conn.execute(TRUNCATE_CHILDREN_SQL.format(children=children))
+            if tables.after_truncate_sql is not None:
+                await conn.execute(tables.fill(tables.after_truncate_sql, schema, slot))
+            return PruneResult(outcome=PruneOutcome.PRUNED, slot=slot)
+    except QueryError as exc:
+        if exc.sqlstate == LOCK_NOT_AVAILABLE:
+            return PruneResult(outcome=PruneOutcome.BLOCKED, slot=slot)
+        raise
+
+
+def _skipped(slot: int, reason: str, count: int, *, after_lock: bool) -> PruneResult:
+    return PruneResult(outcome=PruneOutcome.SKIPPED_ACTIVE, slot=slot, reason=reason,
+                       count=count, details={"after_lock": after_lock})
