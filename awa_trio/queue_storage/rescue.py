@@ -567,6 +567,10 @@ SETTLE_SQL = f"""
 """
 
 
+#: Transaction-local: no JIT for the rescue statements.
+NO_JIT_SQL = "SET LOCAL jit = off"
+
+
 def sql_literal(text: str) -> str:
     """A constant (never user input) as an SQL string literal."""
     return "'" + text.replace("'", "''") + "'"
@@ -674,6 +678,10 @@ async def rescue_batch(
 ) -> _BatchOutcome:
     """One batch in one transaction (the row-by-row fallback included)."""
     async with ctx.db.transaction() as conn:
+        # The planner prices these statements (subplans over every ring
+        # partition) above jit_above_cost; compiling them costs seconds,
+        # running them milliseconds.
+        await conn.execute(NO_JIT_SQL)
         taken: list[Any] = []
         try:
             async with conn.transaction():

@@ -42,6 +42,8 @@ async def main() -> None:
     parser.add_argument("--callback-timeout-s", type=float, default=1.0)
     parser.add_argument("--mute-maintenance", action="store_true",
                         help="huge rescue/promote intervals, should this runtime ever lead")
+    parser.add_argument("--mute-rescue", action="store_true",
+                        help="huge rescue intervals only (promotion keeps running)")
     args = parser.parse_args()
 
     client = awa.AsyncClient(args.dsn)
@@ -79,6 +81,13 @@ async def main() -> None:
         muted = 10**10
         start_kwargs.update(
             promote_interval_ms=muted,
+            heartbeat_rescue_interval_ms=muted,
+            deadline_rescue_interval_ms=muted,
+            callback_rescue_interval_ms=muted,
+        )
+    if args.mute_rescue:
+        muted = 10**10
+        start_kwargs.update(
             heartbeat_rescue_interval_ms=muted,
             deadline_rescue_interval_ms=muted,
             callback_rescue_interval_ms=muted,
