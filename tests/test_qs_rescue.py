@@ -342,8 +342,9 @@ async def test_cancelling_a_drain_leaves_every_batch_applied_or_untouched(qs_db,
     assert sorted(rescued + still_open) == ids
     assert len(rescued) % BATCH == 0
     # Nothing half-done: every rescued job has its closure, no open one has a successor.
-    assert await qs_db.fetchval(
-        "SELECT coalesce(sum(closed_count), 0) FROM awa.lease_claim_closure_batches") == len(rescued)
+    closed = await qs_db.fetchval(
+        "SELECT coalesce(sum(closed_count), 0) FROM awa.lease_claim_closure_batches")
+    assert closed == len(rescued)
     rest = await rescue_heartbeats.run_once(ctx)
     assert len(rest.rescued) == len(still_open)
     assert await deferred_retryable(qs_db) == ids

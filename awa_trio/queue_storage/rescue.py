@@ -242,7 +242,8 @@ CLOSE_RECEIPTS_SQL = f"""
           )
     ),
     row_closed AS (
-        INSERT INTO {{schema}}.lease_claim_closures (claim_slot, job_id, run_lease, outcome, closed_at)
+        INSERT INTO {{schema}}.lease_claim_closures
+            (claim_slot, job_id, run_lease, outcome, closed_at)
         SELECT claim_slot, job_id, run_lease, $4::text, clock_timestamp()
         FROM row_claims
         ON CONFLICT (claim_slot, job_id, run_lease) DO NOTHING
@@ -329,7 +330,6 @@ SETTLE_SQL = f"""
           ON ready.ready_slot = taken.ready_slot
          AND ready.ready_generation = taken.ready_generation
          AND ready.queue = taken.queue
-         AND ready.priority = taken.priority
          AND ready.enqueue_shard = taken.enqueue_shard
          AND ready.lane_seq = taken.lane_seq
          AND ready.job_id = taken.job_id
@@ -407,7 +407,8 @@ SETTLE_SQL = f"""
             settled.*,
             clock_timestamp() AS settled_at,
             CASE WHEN settled.outcome = 'retryable'
-                 THEN clock_timestamp() + awa.backoff_duration(settled.attempt, settled.max_attempts)
+                 THEN clock_timestamp()
+                      + awa.backoff_duration(settled.attempt, settled.max_attempts)
                  ELSE settled.run_at END AS next_run_at,
             CASE WHEN settled.progress IS NULL THEN settled.base_payload
                  ELSE jsonb_set(settled.base_payload, '{{progress}}', settled.progress) END
@@ -436,7 +437,8 @@ SETTLE_SQL = f"""
         FROM settled
     ),
     receipt_row_closures AS (
-        INSERT INTO {{schema}}.lease_claim_closures (claim_slot, job_id, run_lease, outcome, closed_at)
+        INSERT INTO {{schema}}.lease_claim_closures
+            (claim_slot, job_id, run_lease, outcome, closed_at)
         SELECT claims.claim_slot, claims.job_id, claims.run_lease, '{OUTCOME_SETTLED}',
                clock_timestamp()
         FROM {{schema}}.lease_claims AS claims
@@ -649,7 +651,9 @@ def drain_budget(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> float:
     return min(float(ctx.config.drain_time_budget), interval / 2)
 
 
-async def run_rescue(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> QueueStorageRescueResult:
+async def run_rescue(
+    ctx: MaintenanceContext, rescue: QueueStorageRescue
+) -> QueueStorageRescueResult:
     """One tick of a queue-storage rescue branch: drain in batches."""
     result = QueueStorageRescueResult()
     batch_size = int(ctx.config.rescue_batch_size)
