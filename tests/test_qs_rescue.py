@@ -18,6 +18,7 @@ from support.qs_rescue import (
     expire_deadlines,
     insert_jobs,
     job,
+    materialise,
     open_attempts,
     states,
 )
@@ -90,6 +91,46 @@ async def test_a_heartbeat_in_attempt_state_keeps_a_claim_alive(qs_db, meter_pro
     assert [j.id for j in result.rescued] == [claimed[1]["job_id"]]
     assert await open_attempts(qs_db) == [alive["job_id"]]
     assert set(ids) == {c["job_id"] for c in claimed}
+
+
+async def test_stale_and_expired_leases_are_rescued_and_their_claims_closed(
+    qs_db, meter_provider, metric_reader
+):
+    """Materialised attempts (a leases row beside the claim) go through the
+    lease side; the claim they came from is closed too."""
+    ctx = await make_context(qs_db, meter_provider=meter_provider, heartbeat_staleness=STALENESS)
+    stale, alive, overdue = await insert_jobs(qs_db, 3, queue="leased")
+    await claim(qs_db, "leased", 3, deadline=300)
+    await materialise(qs_db, [stale], heartbeat_age=STALENESS * 2)
+    await materialise(qs_db, [alive, overdue])
+    await qs_db.execute(
+        "UPDATE awa.leases SET deadline_at = clock_timestamp() - interval '1 second' "
+        "WHERE job_id = $1", overdue)
+    # Progress reported by the worker travels with the rescued job.
+    await qs_db.execute(
+        "INSERT INTO awa.attempt_state (job_id, run_lease, progress) VALUES ($1, 1, $2)",
+        stale, {"percent": 40})
+
+    heartbeats = await rescue_heartbeats.run_once(ctx)
+    deadlines = await rescue_deadlines.run_once(ctx)
+
+    assert [j.id for j in heartbeats.rescued] == [stale]
+    assert heartbeats.rescued[0].progress == {"percent": 40}
+    assert heartbeats.rescued[0].errors[-1]["error"] == rescue_heartbeats.LEASE_ERROR
+    assert [j.id for j in deadlines.rescued] == [overdue]
+    assert await qs_db.fetchval(
+        "SELECT array_agg(job_id ORDER BY job_id) FROM awa.leases") == [alive]
+    assert await deferred_retryable(qs_db) == [stale, overdue]
+    assert await qs_db.fetchval(
+        "SELECT payload -> 'progress' FROM awa.deferred_jobs WHERE job_id = $1",
+        stale) == {"percent": 40}
+    # The claims behind the leases are closed by the rescue ('rescue'), not left open.
+    assert await qs_db.fetchval(
+        "SELECT array_agg(job_id ORDER BY job_id) FROM awa.lease_claim_closures "
+        "WHERE outcome = 'rescue'") == [stale, overdue]
+    assert await open_attempts(qs_db) == [alive]
+    assert await qs_db.fetchval("SELECT count(*) FROM awa.attempt_state") == 0
+    assert rescues_by_kind(metric_reader) == {"heartbeat": 1, "deadline": 1}
 
 
 async def test_claims_whose_completion_lock_is_held_are_skipped(qs_db, meter_provider):
@@ -348,3 +389,21 @@ async def test_cancelling_a_drain_leaves_every_batch_applied_or_untouched(qs_db,
     rest = await rescue_heartbeats.run_once(ctx)
     assert len(rest.rescued) == len(still_open)
     assert await deferred_retryable(qs_db) == ids
+
+
+def test_in_flight_registrations_are_keyed_by_engine():
+    """Canonical and queue-storage ids collide during a transition."""
+    hooks = Hooks()
+    calls: list[str] = []
+    canonical = hooks.in_flight.register(7, 1, lambda: calls.append("canonical"))
+    hooks.in_flight.register(7, 1, lambda: calls.append("qs"), engine=QUEUE_STORAGE)
+
+    assert (7, 1) in hooks.in_flight
+    assert ("canonical", 7, 1) in hooks.in_flight and (QUEUE_STORAGE, 7, 1) in hooks.in_flight
+    assert canonical.engine == "canonical"
+    assert hooks.in_flight.cancel(7, 1, engine=QUEUE_STORAGE) and calls == ["qs"]
+    assert hooks.in_flight.cancel(7, 1) and calls == ["qs", "canonical"]
+    canonical.unregister()
+    assert (7, 1) not in hooks.in_flight and (QUEUE_STORAGE, 7, 1) in hooks.in_flight
+    with pytest.raises(ValueError):
+        hooks.in_flight.register(7, 1, print, engine="sqlite")

@@ -145,3 +145,34 @@ async def deferred_retryable(db, job_ids: list[int] | None = None) -> list[int]:
         "WHERE state = 'retryable' AND ($1::bigint[] IS NULL OR job_id = ANY($1::bigint[]))",
         job_ids)
     return list(ids or [])
+
+
+# What a worker does when an attempt needs mutable state (upstream's
+# ensure_running_leases_from_receipts): a `leases` row in the current lease
+# slot, and the claim marked materialised.
+MATERIALISE_SQL = """
+    WITH ring AS (
+        SELECT current_slot, generation FROM awa.lease_ring_state WHERE singleton
+    ),
+    claims AS (
+        UPDATE awa.lease_claims AS claims
+        SET materialized_at = clock_timestamp()
+        WHERE job_id = ANY($1::bigint[])
+        RETURNING claims.*
+    )
+    INSERT INTO awa.leases (
+        lease_slot, lease_generation, ready_slot, ready_generation, job_id, queue, state,
+        priority, attempt, run_lease, max_attempts, lane_seq, enqueue_shard, heartbeat_at,
+        deadline_at, attempted_at
+    )
+    SELECT ring.current_slot, ring.generation, claims.ready_slot, claims.ready_generation,
+           claims.job_id, claims.queue, 'running', claims.priority, claims.attempt,
+           claims.run_lease, claims.max_attempts, claims.lane_seq, claims.enqueue_shard,
+           clock_timestamp() - make_interval(secs => $2), claims.deadline_at, claims.claimed_at
+    FROM claims CROSS JOIN ring
+"""
+
+
+async def materialise(db, job_ids: list[int], *, heartbeat_age: float = 0.0) -> None:
+    """Give these row-claimed attempts a lease row (heartbeat ``heartbeat_age`` s old)."""
+    await db.execute(MATERIALISE_SQL, job_ids, heartbeat_age)
