@@ -81,36 +81,41 @@ OUTCOME_STALE_RECEIPT = "rescued"
 OUTCOME_DEADLINE_RECEIPT = "deadline_expired"
 OUTCOME_SETTLED = "rescue"
 
-# Closure evidence of one attempt, as upstream's readers and prune gates
-# judge it. {claim_slot}, {job_id}, {run_lease}, {receipt_id} name columns.
-_CLOSED_EVIDENCE = """(
-    EXISTS (
+# No closure evidence for one attempt, as upstream's readers and prune gates
+# judge it: no explicit closure, no closure batch holding its receipt, no
+# terminal, deferred or DLQ row of the same (job_id, run_lease). Written as
+# a conjunction of NOT EXISTS (not NOT (a OR b ...)) so that the planner can
+# turn each into an anti-join over a whole batch of candidates instead of
+# probing every table once per candidate. {claim_slot}, {job_id},
+# {run_lease}, {receipt_id} name columns.
+_NO_CLOSURE_EVIDENCE = """(
+    NOT EXISTS (
         SELECT 1 FROM {schema}.lease_claim_closures AS closures
         WHERE closures.claim_slot = {claim_slot}
           AND closures.job_id = {job_id}
           AND closures.run_lease = {run_lease}
     )
-    OR EXISTS (
+    AND NOT EXISTS (
         SELECT 1 FROM {schema}.lease_claim_closure_batches AS closure_batches
         WHERE closure_batches.claim_slot = {claim_slot}
           AND closure_batches.receipt_ranges @> {receipt_id}
     )
-    OR EXISTS (
+    AND NOT EXISTS (
         SELECT 1 FROM {schema}.done_entries AS done
         WHERE done.job_id = {job_id} AND done.run_lease = {run_lease}
     )
-    OR EXISTS (
+    AND NOT EXISTS (
         SELECT 1 FROM {schema}.deferred_jobs AS deferred
         WHERE deferred.job_id = {job_id} AND deferred.run_lease = {run_lease}
     )
-    OR EXISTS (
+    AND NOT EXISTS (
         SELECT 1 FROM {schema}.dlq_entries AS dlq
         WHERE dlq.job_id = {job_id} AND dlq.run_lease = {run_lease}
     )
 )"""
 
 
-def closed_evidence(
+def still_open(
     prefix: str | None = None,
     *,
     claim_slot: str | None = None,
@@ -118,15 +123,15 @@ def closed_evidence(
     run_lease: str | None = None,
     receipt_id: str | None = None,
 ) -> str:
-    """``_CLOSED_EVIDENCE`` for the columns of table alias ``prefix``, or for
-    explicit column expressions."""
+    """``_NO_CLOSURE_EVIDENCE`` for the columns of table alias ``prefix``, or
+    for explicit column expressions."""
     columns = {
         "{claim_slot}": claim_slot or f"{prefix}.claim_slot",
         "{job_id}": job_id or f"{prefix}.job_id",
         "{run_lease}": run_lease or f"{prefix}.run_lease",
         "{receipt_id}": receipt_id or f"{prefix}.receipt_id",
     }
-    text = _CLOSED_EVIDENCE
+    text = _NO_CLOSURE_EVIDENCE
     for name, column in columns.items():
         text = text.replace(name, column)
     return text
@@ -212,13 +217,14 @@ CLOSE_RECEIPTS_SQL = f"""
          AND claims.job_id = locked.job_id
          AND claims.run_lease = locked.run_lease
         WHERE claims.closed_at IS NULL
-          AND NOT {closed_evidence("claims")}
+          AND {still_open("claims")}
           AND NOT EXISTS (
               SELECT 1 FROM {{schema}}.leases AS lease
               WHERE lease.job_id = claims.job_id AND lease.run_lease = claims.run_lease
           )
     ),
-    batch_claims AS MATERIALIZED (
+    batch_items AS MATERIALIZED (
+        -- Each compact batch unnested once (not once per locked attempt).
         SELECT
             claim_batches.claim_slot, claim_batches.ready_slot, claim_batches.ready_generation,
             items.job_id, claim_batches.queue, claim_batches.priority, items.attempt,
@@ -229,16 +235,21 @@ CLOSE_RECEIPTS_SQL = f"""
             claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids,
             claim_batches.lane_seqs, claim_batches.attempts, claim_batches.max_attempts
         ) AS items(job_id, run_lease, receipt_id, lane_seq, attempt, max_attempts)
-        JOIN locked
-          ON locked.claim_slot = claim_batches.claim_slot
-         AND locked.job_id = items.job_id
-         AND locked.run_lease = items.run_lease
         WHERE claim_batches.claim_slot = ANY($1::int[])
           AND claim_batches.job_ids && $2::bigint[]
-          AND NOT {closed_evidence("items", claim_slot="claim_batches.claim_slot")}
+    ),
+    batch_claims AS MATERIALIZED (
+        SELECT batch_items.*
+        FROM batch_items
+        JOIN locked
+          ON locked.claim_slot = batch_items.claim_slot
+         AND locked.job_id = batch_items.job_id
+         AND locked.run_lease = batch_items.run_lease
+        WHERE {still_open("batch_items")}
           AND NOT EXISTS (
               SELECT 1 FROM {{schema}}.leases AS lease
-              WHERE lease.job_id = items.job_id AND lease.run_lease = items.run_lease
+              WHERE lease.job_id = batch_items.job_id
+                AND lease.run_lease = batch_items.run_lease
           )
     ),
     row_closed AS (
@@ -457,20 +468,23 @@ SETTLE_SQL = f"""
           AND claims.run_lease = receipt_row_closures.run_lease
         RETURNING claims.job_id
     ),
+    settled_batch_items AS MATERIALIZED (
+        -- Each compact batch holding a settled attempt, unnested once.
+        SELECT claim_batches.claim_slot, claim_batches.ready_slot,
+               claim_batches.ready_generation, items.job_id, items.run_lease, items.receipt_id
+        FROM {{schema}}.lease_claim_batches AS claim_batches
+        CROSS JOIN LATERAL unnest(
+            claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids
+        ) AS items(job_id, run_lease, receipt_id)
+        WHERE claim_batches.job_ids && $3::bigint[]
+    ),
     open_batch_items AS (
         SELECT items.claim_slot, items.ready_slot, items.ready_generation, items.receipt_id
-        FROM {{schema}}.lease_claim_batches AS claim_batches
-        CROSS JOIN LATERAL (
-            SELECT claim_batches.claim_slot, claim_batches.ready_slot,
-                   claim_batches.ready_generation, unnested.*
-            FROM unnest(claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids)
-                AS unnested(job_id, run_lease, receipt_id)
-        ) AS items
+        FROM settled_batch_items AS items
         JOIN finished
           ON finished.job_id = items.job_id
          AND finished.run_lease = items.run_lease
-        WHERE claim_batches.job_ids && $3::bigint[]
-          AND NOT EXISTS (
+        WHERE NOT EXISTS (
               SELECT 1 FROM {{schema}}.lease_claim_closures AS closures
               WHERE closures.claim_slot = items.claim_slot
                 AND closures.job_id = items.job_id

@@ -27,10 +27,10 @@ from .rescue import (
     OUTCOME_STALE_RECEIPT,
     QueueStorageRescue,
     QueueStorageRescueResult,
-    closed_evidence,
     completion_lock_key,
     in_schema,
     run_rescue,
+    still_open,
     take_leases_sql,
     take_receipts,
 )
@@ -69,7 +69,7 @@ LOCK_STALE_RECEIPTS_SQL = f"""
           AND claims.claimed_at < {_CUTOFF}
           AND COALESCE(attempt.heartbeat_at, claims.claimed_at) < {_CUTOFF}
           AND ($3::bigint[] IS NULL OR claims.job_id = ANY($3::bigint[]))
-          AND NOT {closed_evidence("claims")}
+          AND {still_open("claims")}
           AND NOT EXISTS (
               SELECT 1 FROM {{schema}}.leases AS lease
               WHERE lease.job_id = claims.job_id AND lease.run_lease = claims.run_lease
@@ -91,7 +91,7 @@ LOCK_STALE_RECEIPTS_SQL = f"""
           AND COALESCE(attempt.heartbeat_at, claim_batches.claimed_at) < {_CUTOFF}
           AND ($3::bigint[] IS NULL OR claim_batches.job_ids && $3::bigint[])
           AND ($3::bigint[] IS NULL OR items.job_id = ANY($3::bigint[]))
-          AND NOT {closed_evidence("items", claim_slot="claim_batches.claim_slot")}
+          AND {still_open("items", claim_slot="claim_batches.claim_slot")}
           AND NOT EXISTS (
               SELECT 1 FROM {{schema}}.leases AS lease
               WHERE lease.job_id = items.job_id AND lease.run_lease = items.run_lease
