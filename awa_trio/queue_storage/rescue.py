@@ -4,7 +4,8 @@ receipt-claim steps, the drain loop and the side effects.
 On queue storage a running attempt lives in one of three places:
 
 * a ``leases`` row (an attempt that was materialised: it registered a
-  callback, reported progress, or ran on the legacy path);
+  callback, or ran on the legacy non-receipt path; progress alone stays in
+  ``attempt_state``);
 * a row of ``lease_claims`` (the receipt fast path for a job with a
   deadline: no ``leases`` row at all, the deadline is
   ``lease_claims.deadline_at``);
@@ -51,8 +52,9 @@ A sweep drains: it repeats batches of ``rescue_batch_size`` until one comes
 back short or ``min(drain_time_budget, interval / 2)`` is spent. Each batch
 commits on its own, and its side effects (metrics, in-flight cancellation,
 follow-up jobs, events) run right after its commit, so a cancellation
-between batches leaves every batch applied (with its side effects) or
-untouched.
+leaves every batch applied or untouched (a cancellation during a batch's
+side effects cuts them short, as a crash would: follow-ups are best-effort,
+as upstream).
 """
 
 from __future__ import annotations
