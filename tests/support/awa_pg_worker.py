@@ -8,9 +8,12 @@ retryable), ``hang-first`` (hang on attempt 1, complete on later attempts),
 ``callback`` (register an external callback of ``--callback-timeout-s`` and
 wait for it: the job parks in ``waiting_external``), ``callback-first``
 (callback on attempt 1, complete on later attempts).
-``--deadline-ms`` gives every queue a hard deadline per attempt.
+``--deadline-ms`` gives every queue a hard deadline per attempt;
+``--mute-rescue`` silences only this runtime's rescues (it still promotes
+should it lead), ``--mute-maintenance`` its promotion too.
 Prints ``READY`` once started, ``START <id> <attempt> <kind>`` when a handler
-begins and ``DONE <id> <attempt> <kind>`` when it completes, flushed at once.
+begins, ``WAITING <id> <attempt> <kind> <callback id>`` when it parks on a
+callback and ``DONE <id> <attempt> <kind>`` when it completes, flushed at once.
 SIGTERM shuts the runtime down gracefully.
 """
 
