@@ -27,7 +27,11 @@ one :class:`Hooks` object per kind of job:
   attempt runs; heartbeat and deadline rescues and duplicate cancellations
   call ``cancel`` for exactly that attempt. Callbacks are plain synchronous
   callables (``CancelScope.cancel``, ``Event.set``) run in the maintenance
-  task, so they must not block.
+  task, so they must not block. Registrations are per storage engine
+  (``engine="canonical"`` unless said otherwise): canonical and queue-storage
+  job ids come from different sequences and collide during a storage
+  transition, so a queue-storage rescue of job 7 never cancels canonical
+  job 7. Events carry the engine too (``event.job.engine``).
 
 Order for each rescue pass, after the rescue statement has committed:
 metrics, in-flight cancellation, follow-up inserts, then events (so a
@@ -59,6 +63,9 @@ Embedding example::
     with trio.CancelScope() as attempt_scope:
         with hooks.in_flight.register(job.id, job.run_lease, attempt_scope.cancel):
             await run_job(job)
+
+    # The same for an attempt claimed from queue storage (Awa 0.6's default engine):
+    hooks.in_flight.register(job.id, job.run_lease, attempt_scope.cancel, engine="queue_storage")
 """
 
 from __future__ import annotations
@@ -74,7 +81,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from .jobs import JobRow
+from .jobs import CANONICAL, ENGINES, JobRow
 
 if TYPE_CHECKING:
     from .config import MaintenanceConfig
@@ -87,6 +94,7 @@ __all__ = [
     "FollowUpFactory",
     "FollowUpJob",
     "Hooks",
+    "AttemptKey",
     "InFlightRegistration",
     "InFlightRegistry",
     "JobCancelled",
@@ -159,21 +167,26 @@ FollowUpFactory = Callable[[JobRow, RescueReason], FollowUpJob | Iterable[Follow
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
+#: One attempt of one job on one engine: ``(engine, job_id, run_lease)``.
+AttemptKey = tuple[str, int, int]
+
+
 class InFlightRegistration:
     """Handle of one registered attempt; unregister it when the attempt ends
     (or use it as a context manager)."""
 
-    __slots__ = ("job_id", "run_lease", "_registry", "_token")
+    __slots__ = ("engine", "job_id", "run_lease", "_registry", "_token")
 
-    def __init__(self, registry: InFlightRegistry, job_id: int, run_lease: int, token: int):
-        self.job_id = job_id
-        self.run_lease = run_lease
+    def __init__(
+        self, registry: InFlightRegistry, key: AttemptKey, token: int
+    ):
+        self.engine, self.job_id, self.run_lease = key
         self._registry = registry
         self._token = token
 
     def unregister(self) -> None:
         """Idempotent."""
-        self._registry._remove(self.job_id, self.run_lease, self._token)
+        self._registry._remove((self.engine, self.job_id, self.run_lease), self._token)
 
     def __enter__(self) -> InFlightRegistration:
         return self
@@ -182,55 +195,75 @@ class InFlightRegistration:
         self.unregister()
 
 
+def _attempt_key(engine: str, job_id: int, run_lease: int) -> AttemptKey:
+    if engine not in ENGINES:
+        raise ValueError(f"unknown storage engine {engine!r} (use one of {', '.join(ENGINES)})")
+    return (engine, int(job_id), int(run_lease))
+
+
+def _describe_attempt(key: AttemptKey) -> str:
+    engine, job_id, run_lease = key
+    job = str(job_id) if engine == CANONICAL else f"{engine}:{job_id}"
+    return f"job {job} (run_lease {run_lease})"
+
+
 class InFlightRegistry:
-    """Attempts running in this process, keyed by ``(job_id, run_lease)``.
+    """Attempts running in this process, keyed by ``(engine, job_id, run_lease)``.
 
     The run lease is bumped at every claim, so a callback registered for an
-    earlier attempt of the same job is never called for a later one.
+    earlier attempt of the same job is never called for a later one; the
+    engine keeps a canonical job and a queue-storage job with the same id
+    apart. ``engine`` defaults to ``"canonical"`` everywhere.
     """
 
     def __init__(self) -> None:
-        self._callbacks: dict[tuple[int, int], dict[int, CancelCallback]] = {}
+        self._callbacks: dict[AttemptKey, dict[int, CancelCallback]] = {}
         self._tokens = itertools.count()
 
-    def register(self, job_id: int, run_lease: int, cancel: CancelCallback) -> InFlightRegistration:
+    def register(
+        self, job_id: int, run_lease: int, cancel: CancelCallback, *, engine: str = CANONICAL
+    ) -> InFlightRegistration:
         """Call ``cancel()`` if maintenance rescues or cancels this attempt."""
         if not callable(cancel):
             raise TypeError("cancel must be callable")
+        key = _attempt_key(engine, job_id, run_lease)
         token = next(self._tokens)
-        self._callbacks.setdefault((int(job_id), int(run_lease)), {})[token] = cancel
-        return InFlightRegistration(self, int(job_id), int(run_lease), token)
+        self._callbacks.setdefault(key, {})[token] = cancel
+        return InFlightRegistration(self, key, token)
 
-    def __contains__(self, key: tuple[int, int]) -> bool:
+    def __contains__(self, key: tuple[int, int] | AttemptKey) -> bool:
+        """``(job_id, run_lease)`` (canonical) or ``(engine, job_id, run_lease)``."""
+        if len(key) == 2:
+            key = (CANONICAL, *key)
         return key in self._callbacks
 
     def __len__(self) -> int:
         return len(self._callbacks)
 
-    def _remove(self, job_id: int, run_lease: int, token: int) -> None:
-        callbacks = self._callbacks.get((job_id, run_lease))
+    def _remove(self, key: AttemptKey, token: int) -> None:
+        callbacks = self._callbacks.get(key)
         if callbacks is None:
             return
         callbacks.pop(token, None)
         if not callbacks:
-            del self._callbacks[(job_id, run_lease)]
+            del self._callbacks[key]
 
-    def cancel(self, job_id: int, run_lease: int) -> bool:
+    def cancel(self, job_id: int, run_lease: int, *, engine: str = CANONICAL) -> bool:
         """Call every callback registered for this attempt; True if there was one."""
-        callbacks = self._callbacks.get((job_id, run_lease))
+        key = _attempt_key(engine, job_id, run_lease)
+        callbacks = self._callbacks.get(key)
         if not callbacks:
             return False
         for cancel in list(callbacks.values()):
             try:
                 result = cancel()
             except Exception:
-                log.exception("hooks: cancel callback for job %d (run_lease %d) failed",
-                              job_id, run_lease)
+                log.exception("hooks: cancel callback for %s failed", _describe_attempt(key))
                 continue
             if inspect.iscoroutine(result):
                 result.close()
-                log.error("hooks: cancel callback for job %d (run_lease %d) is a coroutine "
-                          "function; cancel callbacks must be synchronous", job_id, run_lease)
+                log.error("hooks: cancel callback for %s is a coroutine function; cancel "
+                          "callbacks must be synchronous", _describe_attempt(key))
         return True
 
 
@@ -301,7 +334,7 @@ class Hooks:
                         await limiter.acquire_on_behalf_of(slot)
                         nursery.start_soon(
                             self._run_handler, handler, event, limiter, slot, config.hook_timeout,
-                            name=f"hook {type(event).__name__} {event.job.kind} {event.job.id}",
+                            name=f"hook {type(event).__name__} {event.job.kind} {event.job.label}",
                         )
             finally:
                 self._send = None
@@ -322,14 +355,14 @@ class Hooks:
                     await result
             if scope.cancelled_caught:
                 log.warning(
-                    "hooks: %s handler %s for %s job %d ran longer than hook_timeout (%gs); "
+                    "hooks: %s handler %s for %s job %s ran longer than hook_timeout (%gs); "
                     "cancelled",
-                    type(event).__name__, _describe(handler), job.kind, job.id, timeout,
+                    type(event).__name__, _describe(handler), job.kind, job.label, timeout,
                 )
         except Exception:
             log.exception(
-                "hooks: %s handler %s for %s job %d failed",
-                type(event).__name__, _describe(handler), job.kind, job.id,
+                "hooks: %s handler %s for %s job %s failed",
+                type(event).__name__, _describe(handler), job.kind, job.label,
             )
         finally:
             limiter.release_on_behalf_of(slot)
@@ -388,8 +421,11 @@ class Hooks:
         return follow_ups
 
     def cancel_in_flight(self, jobs: Iterable[JobRow]) -> int:
-        """Signal attempts of these jobs running in this process; returns how many."""
-        return sum(1 for job in jobs if self.in_flight.cancel(job.id, job.run_lease))
+        """Signal attempts of these jobs running in this process (each on its
+        own engine); returns how many."""
+        return sum(
+            1 for job in jobs if self.in_flight.cancel(job.id, job.run_lease, engine=job.engine)
+        )
 
 
 def _describe(fn: Any) -> str:

@@ -3,6 +3,12 @@
 Branches that move jobs (rescues) get their rows back with ``RETURNING``;
 :class:`JobRow` is what they hand to lifecycle hooks, follow-up factories
 and in-flight cancellation, so embedding code never sees driver records.
+
+Every row names its storage ``engine``. The canonical engine numbers jobs
+from ``awa.jobs_id_seq`` and queue storage from ``awa.job_id_seq``: during a
+storage transition both planes hold jobs, and the same id can name two
+different jobs, so anything keyed by job (in-flight registrations, logs)
+keys by ``(engine, id)``.
 """
 
 from __future__ import annotations
@@ -12,6 +18,12 @@ import uuid
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+
+#: ``JobRow.engine`` of a row of ``awa.jobs_hot`` / ``awa.scheduled_jobs``.
+CANONICAL = "canonical"
+#: ``JobRow.engine`` of a row of the queue-storage tables (ready, lease, done, DLQ, ...).
+QUEUE_STORAGE = "queue_storage"
+ENGINES = (CANONICAL, QUEUE_STORAGE)
 
 #: Columns of ``awa.jobs`` (and of ``awa.jobs_hot`` / ``awa.scheduled_jobs``), in table order.
 JOB_COLUMNS = (
@@ -60,15 +72,31 @@ class JobRow:
     #: Bumped at every claim; with ``id`` it names one attempt (in-flight cancellation key).
     run_lease: int
     progress: Any
+    #: Storage engine holding the job: :data:`CANONICAL` or :data:`QUEUE_STORAGE`.
+    #: Ids are only unique within one engine.
+    engine: str = CANONICAL
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> JobRow:
-        """Build from a ``RETURNING *`` (or ``SELECT *``) record of a job table."""
+    def from_record(cls, record: Mapping[str, Any], *, engine: str = CANONICAL) -> JobRow:
+        """Build from a ``RETURNING *`` (or ``SELECT *``) record of a job table
+        (or a record with the same columns)."""
+        if engine not in ENGINES:
+            raise ValueError(f"unknown storage engine {engine!r}")
         values = {name: record[name] for name in JOB_COLUMNS}
         values["errors"] = list(values["errors"] or [])
         values["metadata"] = dict(values["metadata"] or {})
         values["tags"] = list(values["tags"] or [])
-        return cls(**values)
+        return cls(**values, engine=engine)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """``(engine, id)``: what names one job across both storage engines."""
+        return (self.engine, self.id)
+
+    @property
+    def label(self) -> str:
+        """For log lines: ``1234`` on canonical, ``queue_storage:1234`` otherwise."""
+        return str(self.id) if self.engine == CANONICAL else f"{self.engine}:{self.id}"
 
     @property
     def last_error(self) -> str | None:

@@ -4,9 +4,16 @@ Usage: python awa_pg_worker.py DSN --kind K[:QUEUE] ... [--behaviour B] [options
 
 Registers one handler per kind. Behaviours: ``complete`` (return at once),
 ``hang`` (sleep forever: for kill -9 tests), ``fail`` (raise, so the job goes
-retryable), ``hang-first`` (hang on attempt 1, complete on later attempts).
+retryable), ``hang-first`` (hang on attempt 1, complete on later attempts),
+``callback`` (register an external callback of ``--callback-timeout-s`` and
+wait for it: the job parks in ``waiting_external``), ``callback-first``
+(callback on attempt 1, complete on later attempts).
+``--deadline-ms`` gives every queue a hard deadline per attempt;
+``--mute-rescue`` silences only this runtime's rescues (it still promotes
+should it lead), ``--mute-maintenance`` its promotion too.
 Prints ``READY`` once started, ``START <id> <attempt> <kind>`` when a handler
-begins and ``DONE <id> <attempt> <kind>`` when it completes, flushed at once.
+begins, ``WAITING <id> <attempt> <kind> <callback id>`` when it parks on a
+callback and ``DONE <id> <attempt> <kind>`` when it completes, flushed at once.
 SIGTERM shuts the runtime down gracefully.
 """
 
@@ -27,12 +34,19 @@ async def main() -> None:
     parser.add_argument("dsn")
     parser.add_argument("--kind", action="append", required=True, help="KIND or KIND:QUEUE")
     parser.add_argument("--behaviour", default="complete",
-                        choices=("complete", "hang", "fail", "hang-first"))
+                        choices=("complete", "hang", "fail", "hang-first", "callback",
+                                 "callback-first"))
     parser.add_argument("--role", default="canonical_drain")
     parser.add_argument("--leader-election-interval-ms", type=int, default=10_000)
     parser.add_argument("--heartbeat-interval-ms", type=int, default=None)
+    parser.add_argument("--heartbeat-staleness-ms", type=int, default=None)
+    parser.add_argument("--deadline-ms", type=int, default=None,
+                        help="hard deadline of every attempt (queue deadline_duration_ms)")
+    parser.add_argument("--callback-timeout-s", type=float, default=1.0)
     parser.add_argument("--mute-maintenance", action="store_true",
                         help="huge rescue/promote intervals, should this runtime ever lead")
+    parser.add_argument("--mute-rescue", action="store_true",
+                        help="huge rescue intervals only (promotion keeps running)")
     args = parser.parse_args()
 
     client = awa.AsyncClient(args.dsn)
@@ -47,6 +61,12 @@ async def main() -> None:
             say("START", job.id, job.attempt, _kind)
             if args.behaviour == "hang" or (args.behaviour == "hang-first" and job.attempt == 1):
                 await asyncio.Event().wait()
+            wants_callback = args.behaviour == "callback" or (
+                args.behaviour == "callback-first" and job.attempt == 1)
+            if wants_callback:
+                token = await job.register_callback(timeout_seconds=args.callback_timeout_s)
+                say("WAITING", job.id, job.attempt, _kind, token.id)
+                return awa.WaitForCallback(token)
             if args.behaviour == "fail":
                 raise RuntimeError("worker asked to fail")
             say("DONE", job.id, job.attempt, _kind)
@@ -58,6 +78,8 @@ async def main() -> None:
     )
     if args.heartbeat_interval_ms:
         start_kwargs["heartbeat_interval_ms"] = args.heartbeat_interval_ms
+    if args.heartbeat_staleness_ms:
+        start_kwargs["heartbeat_staleness_ms"] = args.heartbeat_staleness_ms
     if args.mute_maintenance:
         muted = 10**10
         start_kwargs.update(
@@ -66,7 +88,20 @@ async def main() -> None:
             deadline_rescue_interval_ms=muted,
             callback_rescue_interval_ms=muted,
         )
-    await client.start([{"name": q, "max_workers": n} for q, n in queues.items()], **start_kwargs)
+    if args.mute_rescue:
+        muted = 10**10
+        start_kwargs.update(
+            heartbeat_rescue_interval_ms=muted,
+            deadline_rescue_interval_ms=muted,
+            callback_rescue_interval_ms=muted,
+        )
+    queue_configs = []
+    for queue, workers in queues.items():
+        config = {"name": queue, "max_workers": workers}
+        if args.deadline_ms is not None:
+            config["deadline_duration_ms"] = args.deadline_ms
+        queue_configs.append(config)
+    await client.start(queue_configs, **start_kwargs)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     say("READY")
