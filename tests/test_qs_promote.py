@@ -127,17 +127,26 @@ async def test_paused_queues_and_rows_not_yet_due_stay_deferred(qs_ctx, qs_db, q
 async def test_each_queue_that_receives_jobs_is_notified(
     qs_ctx, qs_db, qs_database_url, qs_awa_client
 ):
+    # A queue name too long for a channel: LISTEN cuts "awa:<queue>" to 63
+    # bytes (at a character boundary), so the NOTIFY must be cut the same way.
+    long_queue = "ü" * 40
+    long_channel = ("awa:" + long_queue)[:33]  # 4 + 29 * 2 = 62 bytes; one more would be 64
     await insert_scheduled(qs_awa_client, 3, queue="alpha")
     await insert_scheduled(qs_awa_client, 2, queue="beta")
     await insert_scheduled(qs_awa_client, 2, queue="gamma")
-    await make_due(qs_db, "queue IN ('alpha', 'beta')")
+    await insert_scheduled(qs_awa_client, 1, queue=long_queue)
+    await make_due(qs_db, f"queue IN ('alpha', 'beta', '{long_queue}')")
 
-    async with Listener(qs_database_url, ["awa:alpha", "awa:beta", "awa:gamma"]) as listener:
-        await promote.run_once(qs_ctx)
+    # (asyncpg routes notifications by the name it was given, so listen on the cut name.)
+    channels = ["awa:alpha", "awa:beta", "awa:gamma", long_channel]
+    async with Listener(qs_database_url, channels) as listener:
+        result = await promote.run_once(qs_ctx)
+        assert result.promoted["scheduled"] == 6
         assert await listener.wait_for("awa:alpha") and await listener.wait_for("awa:beta")
+        assert await listener.wait_for(long_channel)
         await trio.sleep(0.3)
     # One NOTIFY per queue per batch; nothing for a queue that got no job.
-    assert sorted(listener.heard) == ["awa:alpha", "awa:beta"]
+    assert sorted(listener.heard) == sorted(["awa:alpha", "awa:beta", long_channel])
 
 
 async def test_a_job_whose_unique_claim_is_held_waits_and_never_blocks_the_others(

@@ -97,7 +97,10 @@ def _drops_claim(row: str, state: str) -> str:
 #             raises 23505 here and the batch falls back to row by row);
 #   segments  one ready segment per lane: claimers find ready rows by them;
 #   inserted  the ready entries, run_at = now.
-# The final SELECT notifies each queue once and reports the counts.
+# The final SELECT notifies each queue once and reports the counts. A
+# channel is an identifier: workers LISTEN on "awa:<queue>" cut to 63 bytes
+# (at a character boundary), and pg_notify refuses a longer name, which would
+# fail the whole batch, so the channel is cut the same way.
 _PROMOTE_SQL_TEMPLATE = """
     WITH picked AS (
         SELECT deferred.job_id
@@ -206,9 +209,17 @@ _PROMOTE_SQL_TEMPLATE = """
         FROM numbered CROSS JOIN ring
         RETURNING queue
     )
-    SELECT per_queue.queue, per_queue.promoted,
-           pg_notify('awa:' || per_queue.queue, '')::text AS notified
-    FROM (SELECT queue, count(*)::bigint AS promoted FROM inserted GROUP BY queue) AS per_queue
+    SELECT per_queue.queue, per_queue.promoted, pg_notify(
+               CASE WHEN octet_length(per_queue.channel) <= 63 THEN per_queue.channel
+                    ELSE (SELECT left(per_queue.channel, length)
+                          FROM generate_series(63, 1, -1) AS length
+                          WHERE octet_length(left(per_queue.channel, length)) <= 63
+                          LIMIT 1)
+               END, '')::text AS notified
+    FROM (
+        SELECT queue, 'awa:' || queue AS channel, count(*)::bigint AS promoted
+        FROM inserted GROUP BY queue
+    ) AS per_queue
 """
 
 
