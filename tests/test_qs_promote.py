@@ -8,6 +8,7 @@ import trio
 from awa_trio.branches.registry import queue_storage_branches
 from awa_trio.config import MaintenanceConfig
 from awa_trio.queue_storage import promote
+from awa_trio.queue_storage.layout import read_layout
 from support.awa_pg import awa_pg_worker
 from support.helpers import metric_points
 from support.qs_jobs import (
@@ -22,6 +23,7 @@ from support.qs_jobs import (
 
 AVAILABLE_ONLY = 0b10        # unique_states bit 1: the claim is held only while available
 AVAILABLE_RUNNING = 0b110
+SCHEDULED_ONLY = 0b1
 
 
 def done_ids(worker) -> list[int]:
@@ -210,3 +212,34 @@ async def test_the_branch_runs_at_once_at_term_start_every_promote_interval():
     spec = next(s for s in queue_storage_branches(config) if s.name == promote.NAME)
     assert spec.run_once is promote.run_once
     assert spec.run_immediately and spec.interval == 0.1
+
+
+async def test_a_claim_held_only_while_waiting_is_released_on_promotion(
+    qs_ctx, qs_db, qs_awa_client
+):
+    job = await insert_one_scheduled(qs_awa_client, {"key": 3},
+                                     unique_opts={"by_args": True, "states": SCHEDULED_ONLY})
+    assert await qs_db.fetchval("SELECT job_id FROM awa.job_unique_claims") == job
+    await make_due(qs_db)
+
+    result = await promote.run_once(qs_ctx)
+
+    assert result.promoted["scheduled"] == 1
+    assert await qs_db.fetchval("SELECT count(*) FROM awa.job_unique_claims") == 0
+
+
+async def test_a_lane_that_appears_after_the_lane_check_is_created_and_the_batch_retried(
+    qs_ctx, qs_db, qs_awa_client
+):
+    # As if the rows came due between this tick's lane check and its batch:
+    # the batch alone meets a lane with no enqueue head (SQLSTATE 55000).
+    await insert_scheduled(qs_awa_client, 3, queue="fresh")
+    await make_due(qs_db)
+    layout = await read_layout(qs_ctx)
+    result = promote.PromoteResult()
+
+    await promote.promote_due_state(qs_ctx, layout, "scheduled", result)
+
+    assert result.lanes_created == [("fresh", 2, 0)]
+    assert result.promoted == {"scheduled": 3}
+    assert await ready_count(qs_db, "queue = 'fresh'") == 3
