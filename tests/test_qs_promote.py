@@ -4,11 +4,6 @@ by awa-pg 0.6.1, promoted by us, claimed and completed by an awa-pg worker."""
 from __future__ import annotations
 
 import trio
-
-from awa_trio.branches.registry import queue_storage_branches
-from awa_trio.config import MaintenanceConfig
-from awa_trio.queue_storage import promote
-from awa_trio.queue_storage.layout import read_layout
 from support.awa_pg import awa_pg_worker
 from support.helpers import metric_points
 from support.qs_jobs import (
@@ -20,6 +15,11 @@ from support.qs_jobs import (
     make_retryable,
     ready_count,
 )
+
+from awa_trio.branches.registry import queue_storage_branches
+from awa_trio.config import MaintenanceConfig
+from awa_trio.queue_storage import promote
+from awa_trio.queue_storage.layout import read_layout
 
 AVAILABLE_ONLY = 0b10        # unique_states bit 1: the claim is held only while available
 AVAILABLE_RUNNING = 0b110

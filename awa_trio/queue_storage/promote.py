@@ -38,7 +38,13 @@ import logging
 import trio
 
 from ..context import MaintenanceContext
-from ..db import ConnectionLost, DatabaseError, QueryError, UniqueViolation, describe_error
+from ..db import (
+    ConnectionLost,
+    DatabaseError,
+    QueryError,
+    UniqueViolation,
+    describe_error,
+)
 from .layout import read_layout
 
 log = logging.getLogger(__name__)
