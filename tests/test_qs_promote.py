@@ -243,3 +243,37 @@ async def test_a_lane_that_appears_after_the_lane_check_is_created_and_the_batch
     assert result.lanes_created == [("fresh", 2, 0)]
     assert result.promoted == {"scheduled": 3}
     assert await ready_count(qs_db, "queue = 'fresh'") == 3
+
+
+async def test_a_retryable_burst_larger_than_a_batch_promotes_in_one_run(
+    qs_ctx, qs_db, qs_awa_client
+):
+    # Upstream's per-state wedge applies to retryable rows too.
+    await insert_scheduled(qs_awa_client, 5_000, null_payload=True)
+    ids = [row["job_id"] for row in await qs_db.fetch("SELECT job_id FROM awa.deferred_jobs")]
+    await make_retryable(qs_db, ids)
+
+    result = await promote.run_once(qs_ctx)
+
+    assert result.promoted == {"scheduled": 0, "retryable": 5_000}
+    assert await deferred_count(qs_db) == 0
+    assert await ready_count(qs_db, "attempt = 1 AND payload IS NULL") == 5_000
+
+
+async def test_a_tick_stops_at_its_batch_budget_and_at_the_first_short_batch(
+    qs_ctx, qs_db, qs_awa_client, metric_reader, monkeypatch
+):
+    monkeypatch.setattr(promote, "PROMOTE_BATCH_SIZE", 100)
+    monkeypatch.setattr(promote, "PROMOTE_MAX_BATCHES_PER_TICK", 3)
+    await insert_scheduled(qs_awa_client, 350)
+    await make_due(qs_db)
+
+    first = await promote.run_once(qs_ctx)
+    assert first.promoted["scheduled"] == 300 and await deferred_count(qs_db) == 50
+    second = await promote.run_once(qs_ctx)
+    assert second.promoted["scheduled"] == 50 and await deferred_count(qs_db) == 0
+    # Batches: 3 full ones, then one short one that ends the state's loop.
+    sizes = [point for attrs, point in metric_points(metric_reader,
+                                                      "awa.maintenance.promote_batch_size")
+             if attrs["awa.job.state"] == "scheduled"]
+    assert sizes[0].count == 4 and sizes[0].sum == 350
