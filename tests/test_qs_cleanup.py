@@ -10,13 +10,13 @@ import uuid
 
 import trio
 from conftest import in_thread
+from support.contexts import make_context
+from support.helpers import metric_points
+from support.qs_dlq import add_bulk_dlq_rows, backdate_dlq, dead_letter_with_awa_pg, dlq_ids
 
 from awa_trio.config import RetentionPolicy
 from awa_trio.metrics import JOB_DLQ_PURGED
 from awa_trio.queue_storage import cleanup
-from support.contexts import make_context
-from support.helpers import metric_points
-from support.qs_dlq import add_bulk_dlq_rows, backdate_dlq, dead_letter_with_awa_pg, dlq_ids
 
 DAY = dt.timedelta(days=1)
 HOUR = dt.timedelta(hours=1)
