@@ -263,3 +263,64 @@ async def test_a_per_second_cron_schedule_fires_on_queue_storage_through_the_ser
     # And a real awa-pg worker runs it.
     starts = await run_jobs_with_awa_pg(qs_database_url, qs_db, "cronq", [row["job_id"]])
     assert starts[row["job_id"]] == 1
+
+
+async def test_an_item_waits_for_a_claimer_holding_its_lane_and_is_retried_later(
+    qs_database_url, qs_db, qs_awa_client
+):
+    """A claimer holds the lane's claim head while it claims; re-entering the
+    job meanwhile could let the old entry be claimed too. The item waits for
+    the head (here past a short lock_timeout), stays pending, and is applied
+    on the next tick once the lane is free."""
+    from awa_trio.db import QueryError, open_database
+
+    job_id = await insert(qs_awa_client, "lane", priority=3)
+    op = await in_thread(qs_awa_client.set_priority, 1, filter={"queue": "lane"})
+    async with open_database(qs_database_url, lock_timeout=0.3) as short_db:
+        ctx = await make_context(short_db)
+        async with qs_db.acquire() as claimer:
+            await claimer.execute("BEGIN")
+            await claimer.execute(
+                "SELECT 1 FROM awa.queue_claim_heads WHERE queue = 'lane' FOR UPDATE"
+            )
+            try:
+                with trio.fail_after(10):
+                    await batch_operations.run_once(ctx)
+            except QueryError as exc:
+                assert exc.sqlstate == "55P03"
+            else:
+                raise AssertionError("the item did not wait for the claim head")
+            await claimer.execute("ROLLBACK")
+        assert await item_states(qs_db, op["id"]) == {job_id: "pending"}
+        assert (await live_job(qs_db, job_id))[0]["priority"] == 3
+
+        result = await batch_operations.run_once(ctx)
+    assert (result.processed, result.finalized_state) == (1, "completed")
+    assert (await live_job(qs_db, job_id))[0]["priority"] == 1
+
+
+async def test_a_cancel_stops_a_queue_storage_chunk_at_the_next_item(qs_db, qs_awa_client):
+    jobs = [await insert(qs_awa_client, "bulk", priority=3) for _ in range(4)]
+    op = await in_thread(qs_awa_client.set_priority, 1, filter={"queue": "bulk"})
+    # The first item's outcome asks for the cancel, as cancel_batch_operation would.
+    await qs_db.execute(f"""
+        CREATE FUNCTION test_cancel_on_item() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.job_id = {jobs[0]} AND NEW.state <> 'pending' THEN
+                UPDATE awa.batch_operations SET state = 'cancelling'
+                WHERE id = NEW.operation_id AND state = 'running';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER test_cancel_on_item AFTER UPDATE ON awa.batch_operation_items
+            FOR EACH ROW EXECUTE FUNCTION test_cancel_on_item();
+    """)
+
+    result = await batch_operations.run_once(await make_context(qs_db))
+
+    assert result.finalized_state == "cancelled"
+    assert result.processed == 1
+    assert await item_states(qs_db, op["id"]) == {
+        jobs[0]: "processed", **dict.fromkeys(jobs[1:], "skipped")}
+    assert [(await live_job(qs_db, job_id))[0]["priority"] for job_id in jobs] == [1, 3, 3, 3]
+    assert (await operation_row(qs_db, op["id"]))["state"] == "cancelled"
