@@ -17,6 +17,7 @@ that was already lost; here they are logged instead.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -67,7 +68,22 @@ def describe_error(exc: DatabaseError) -> str:
 
 
 def translate_error(exc: BaseException) -> DatabaseError | None:
-    """Map an asyncpg/OS error to our types; None for anything else."""
+    """Map an error raised inside the driver to our types; None for what is
+    not a driver error (trio's cancellation, KeyboardInterrupt, SystemExit).
+
+    The rule: a server error keeps its SQLSTATE (class 08 and 57P0x mean the
+    session is gone); a client-side error on a statement whose session is
+    still fine (an argument asyncpg cannot encode, a stale type cache, a
+    driver warning raised as an error) is a :class:`QueryError`; everything
+    else asyncpg, the socket or the asyncio side of the bridge can raise
+    means the session's state is unknown, and is a :class:`ConnectionLost`:
+    the caller drops that connection, which is always safe. The case that
+    forced this rule: a statement sent in the few milliseconds between the
+    server's "terminating connection" message and the socket closing gets
+    asyncpg's ``InternalClientError`` ("cannot switch to state 12; another
+    operation (2) is in progress"), which derives from neither
+    ``PostgresError`` nor ``InterfaceError``.
+    """
     if isinstance(exc, DatabaseError):
         return exc
     if isinstance(exc, asyncpg.PostgresError):
@@ -79,13 +95,34 @@ def translate_error(exc: BaseException) -> DatabaseError | None:
         if sqlstate == UNIQUE_VIOLATION:
             return UniqueViolation(message, sqlstate=sqlstate, constraint=constraint)
         return QueryError(message, sqlstate=sqlstate, constraint=constraint)
-    if isinstance(exc, asyncpg.exceptions._base.DataError):
+    if isinstance(exc, asyncpg.exceptions.DataError):
         # Client-side: an argument asyncpg could not encode. The session is fine.
         return QueryError(f"invalid query argument: {exc}")
+    if isinstance(exc, asyncpg.exceptions.OutdatedSchemaCacheError):
+        # A type changed under a prepared statement; the next attempt re-reads it.
+        return QueryError(f"stale type cache: {exc}")
+    if isinstance(exc, Warning):
+        # asyncpg's InterfaceWarning, a server PostgresWarning: only raised
+        # when a warnings filter turns them into errors; the session is fine.
+        return QueryError(f"{type(exc).__name__}: {exc}", sqlstate=getattr(exc, "sqlstate", None))
     if isinstance(exc, asyncpg.InterfaceError):
         return ConnectionLost(str(exc) or type(exc).__name__)
+    if isinstance(exc, asyncpg.exceptions.InternalClientError):
+        # ProtocolError, TargetServerAttributeNotMatched and the bare class
+        # (a protocol state switch refused, a malformed message): the
+        # protocol state of this connection can no longer be trusted.
+        return ConnectionLost(f"driver protocol error ({type(exc).__name__}): {exc}")
+    if isinstance(exc, asyncio.CancelledError):
+        # Under trio-asyncio this only reaches us when the asyncio side
+        # cancelled the operation and no Trio scope did (a pool closing, a
+        # connection aborted under a pending call).
+        return ConnectionLost("operation cancelled inside the database driver")
     if isinstance(exc, (OSError, TimeoutError, EOFError)):
         return ConnectionLost(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    if isinstance(exc, Exception):
+        # Anything else from inside the driver (a BufferError on a torn
+        # message, an asyncio RuntimeError, an AssertionError in asyncpg).
+        return ConnectionLost(f"unexpected database driver error {type(exc).__name__}: {exc}")
     return None
 
 
@@ -105,7 +142,14 @@ class Connection:
         self._loop = loop
 
     async def _call(self, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
-        return await _bridge(self._loop, func, *args, **kwargs)
+        try:
+            return await _bridge(self._loop, func, *args, **kwargs)
+        except ConnectionLost as exc:
+            if _protocol_state_unknown(exc):
+                # Never send another statement into a confused protocol: the
+                # connection reports closed from now on, so callers reconnect.
+                _terminate(self._raw)
+            raise
 
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         return await self._call(self._raw.fetch, sql, *args)
@@ -157,21 +201,43 @@ class Connection:
                 return
             except DatabaseError:
                 pass
-        self._raw.terminate()
+        _terminate(self._raw)
 
 
 async def _bridge(
     loop: trio_asyncio.TrioEventLoop, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
 ) -> Any:
+    """Run one driver call; whatever the driver raises comes out as a
+    :class:`DatabaseError` (see :func:`translate_error`), so no driver error
+    can end the service or look like a bug in a branch."""
     try:
         return await loop.run_aio_coroutine(func(*args, **kwargs))
-    except (trio.Cancelled, KeyboardInterrupt):
+    except (trio.Cancelled, KeyboardInterrupt, SystemExit):
         raise
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
         translated = translate_error(exc)
         if translated is None or translated is exc:
             raise
+        if not isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)):
+            log.debug("database driver raised %s, treated as %s", type(exc).__name__,
+                      type(translated).__name__, exc_info=exc)
         raise translated from exc
+
+
+def _protocol_state_unknown(exc: ConnectionLost) -> bool:
+    """True when the driver's protocol state, not the socket or the server,
+    is what failed (the connection may look open but must not be reused)."""
+    cause = exc.__cause__
+    return cause is not None and not isinstance(
+        cause, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, EOFError))
+
+
+def _terminate(raw: Any) -> None:
+    """Abort a connection or pool at once (no round trip); never raises."""
+    try:
+        raw.terminate()
+    except Exception as exc:  # the socket may already be gone, the loop closing
+        log.debug("terminating a database connection failed: %s: %s", type(exc).__name__, exc)
 
 
 class Database:
@@ -217,9 +283,9 @@ class Database:
                     await self._call(self._pool.release, raw)
                 except DatabaseError as exc:
                     log.debug("release failed: %s", exc)
-                    raw.terminate()
+                    _terminate(raw)
             if scope.cancelled_caught:
-                raw.terminate()
+                _terminate(raw)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
@@ -243,7 +309,7 @@ class Database:
         try:
             await self._call(_init_connection, raw)
         except BaseException:
-            raw.terminate()
+            _terminate(raw)
             raise
         return Connection(raw, self._loop)
 
@@ -326,4 +392,4 @@ async def _open_database(
                 except DatabaseError as exc:
                     log.debug("pool close failed: %s", exc)
             if scope.cancelled_caught:
-                pool.terminate()
+                _terminate(pool)
