@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 #: How long shielded cleanup (rollback, release, close) may take after a cancel.
 CLEANUP_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
+#: A pooled connection idle this long is closed (a leader's busy branches
+#: keep theirs; a follower, which uses the pool for nothing, ends up with none).
+IDLE_CONNECTION_LIFETIME = 10.0
 APPLICATION_NAME = "awa_trio"
 
 # SQLSTATEs that mean the session is gone rather than that a statement failed.
@@ -169,6 +172,19 @@ class Connection:
 
     def is_closed(self) -> bool:
         return self._raw.is_closed()
+
+    async def listen(self, channel: str, callback: Callable[[], None]) -> None:
+        """LISTEN on ``channel``; ``callback`` runs in Trio (soon after) for
+        every notification that arrives while the connection is idle."""
+        token = trio.lowlevel.current_trio_token()
+
+        def on_notification(_conn: Any, _pid: int, _channel: str, _payload: str) -> None:
+            try:
+                token.run_sync_soon(callback)
+            except trio.RunFinishedError:
+                pass
+
+        await self._call(self._raw.add_listener, channel, on_notification)
 
     def on_termination(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (in Trio, soon after) when the connection closes
@@ -322,8 +338,10 @@ async def open_database(
     lock_timeout: float | None = None,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     application_name: str = APPLICATION_NAME,
+    idle_connection_lifetime: float = IDLE_CONNECTION_LIFETIME,
 ) -> AsyncIterator[Database]:
     """Open the trio-asyncio loop and an asyncpg pool; close both on exit.
+    A pooled connection left idle for ``idle_connection_lifetime`` is closed.
 
     Raises :class:`ConnectionLost` for an unreachable server and
     :class:`QueryError` for a server that refuses us (bad database, role).
@@ -334,7 +352,7 @@ async def open_database(
         settings["lock_timeout"] = f"{int(lock_timeout * 1000)}ms"
     connect_kwargs: dict[str, Any] = {"timeout": connect_timeout, "server_settings": settings}
     try:
-        async with _open_database(dsn, pool_size, connect_kwargs) as database:
+        async with _open_database(dsn, pool_size, idle_connection_lifetime, connect_kwargs) as database:
             yield database
     except BaseExceptionGroup as group:
         # trio-asyncio's loop runs in a nursery of its own, which wraps whatever
@@ -366,7 +384,7 @@ def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
 
 @asynccontextmanager
 async def _open_database(
-    dsn: str, pool_size: int, connect_kwargs: dict[str, Any]
+    dsn: str, pool_size: int, idle_connection_lifetime: float, connect_kwargs: dict[str, Any]
 ) -> AsyncIterator[Database]:
     async with trio_asyncio.open_loop() as loop:
         loop.set_exception_handler(_log_orphaned_error)
@@ -375,8 +393,13 @@ async def _open_database(
                 loop,
                 asyncpg.create_pool,
                 dsn,
-                min_size=1,
+                # One connection at start so a bad server shows at once;
+                # none kept idle after that, so a follower holds only its
+                # election connection once the start-up one has idled out.
+                init_size=1,
+                min_size=0,
                 max_size=pool_size,
+                max_inactive_connection_lifetime=idle_connection_lifetime,
                 init=_init_connection,
                 **connect_kwargs,
             )
