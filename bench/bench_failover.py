@@ -3,8 +3,9 @@ runtime), each on its own database, both on default settings.
 
 * SIGKILL takeover: a leader and a follower process run; the leader is
   killed; time until pg_locks shows another holder of the leader lock
-  (polled every 2 ms). A new follower is started for the next run.
+  (polled every 5 ms). A new follower is started for the next run.
 * graceful handover: the leader gets SIGTERM; time until another holder.
+* mixed fleet: an awa-pg leader is killed with an awa_trio follower waiting.
 * follower CPU: user + system time of the follower process (from /proc)
   over a window, as a share of one core. The awa-pg follower is a whole
   runtime (one idle queue), which it cannot run without.
@@ -21,7 +22,7 @@ follower CPU at three poll intervals.
 Linux only (/proc). Needs awa-pg (the test extra) and a local PostgreSQL.
 
     python bench/bench_failover.py [--server postgresql://postgres@localhost:5432]
-        [--runs 20] [--graceful-runs 5] [--cpu-seconds 60] [--designs]
+        [--runs 20] [--graceful-runs 5] [--mixed-runs 10] [--cpu-seconds 60] [--designs]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -95,7 +97,7 @@ async def holders(conn) -> list[int]:
     return list(await conn.fetchval(LOCK_HOLDERS_SQL))
 
 
-async def wait_for_holder(conn, not_in: list[int], timeout: float = 60.0, poll: float = 0.002) -> float:
+async def wait_for_holder(conn, not_in: list[int], timeout: float = 60.0, poll: float = 0.005) -> float:
     deadline = time.perf_counter() + timeout
     while True:
         current = await holders(conn)
@@ -112,6 +114,35 @@ async def backends(conn) -> int:
         "AND pid <> pg_backend_pid()")
 
 
+#: Each follower's default poll period: awa_trio's takeover_poll_interval,
+#: awa-pg's leader_election_interval.
+FOLLOWER_POLL = {"awa_trio": 0.25, "awa-pg": 10.0}
+ELECTION_BACKENDS_SQL = """
+    SELECT count(*) FROM pg_stat_activity
+    WHERE datname = current_database() AND application_name = 'awa_trio leader lock'
+"""
+
+
+async def follower_ready(conn, kind: str, backends_before: int, *, awa_trio_candidates: int = 2,
+                         timeout: float = 60.0) -> None:
+    """awa_trio: its election connection is open (``awa_trio_candidates``
+    of them in the database, the leader's included). awa-pg, which elects on pooled connections: one more
+    backend, then 1 s for the runtime's first attempt."""
+    deadline = time.perf_counter() + timeout
+    if kind == "awa_trio":
+        while await conn.fetchval(ELECTION_BACKENDS_SQL) < awa_trio_candidates:
+            if time.perf_counter() > deadline:
+                raise TimeoutError("the awa_trio follower did not start")
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # past its first try
+        return
+    while await backends(conn) <= backends_before:
+        if time.perf_counter() > deadline:
+            raise TimeoutError("the awa-pg follower did not start")
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(1.0)
+
+
 async def failover_runs(kind: str, dsn: str, runs: int, graceful_runs: int) -> dict[str, list[float]]:
     """SIGKILL then SIGTERM of the current leader, a fresh follower each time."""
     conn = await asyncpg.connect(dsn)
@@ -123,12 +154,9 @@ async def failover_runs(kind: str, dsn: str, runs: int, graceful_runs: int) -> d
         for number in range(runs + graceful_runs):
             before = await backends(conn)
             follower = start_process(kind, dsn)
-            # The follower is up once its connections show and it has had
-            # time for its first election attempt.
-            deadline = time.perf_counter() + 30
-            while await backends(conn) <= before and time.perf_counter() < deadline:
-                await asyncio.sleep(0.02)
-            await asyncio.sleep(1.0 + 0.05 * (number % 7))
+            await follower_ready(conn, kind, before)
+            # Kill at a random phase of the follower's poll, as a crash would.
+            await asyncio.sleep(random.uniform(0, FOLLOWER_POLL[kind]))
             old = await holders(conn)
             graceful = number >= runs
             began = time.perf_counter()
@@ -143,6 +171,39 @@ async def failover_runs(kind: str, dsn: str, runs: int, graceful_runs: int) -> d
             stop(follower)
         await conn.close()
     return results
+
+
+async def mixed_runs(dsn: str, runs: int) -> list[float]:
+    """An awa-pg leader SIGKILLed with an awa_trio follower waiting."""
+    conn = await asyncpg.connect(dsn)
+    took: list[float] = []
+    try:
+        for number in range(runs):
+            leader = start_process("awa-pg", dsn)
+            follower = None
+            try:
+                await wait_for_holder(conn, [], timeout=60)
+                follower = start_process("awa_trio", dsn)
+                await follower_ready(conn, "awa_trio", 0, awa_trio_candidates=1)
+                await asyncio.sleep(random.uniform(0, FOLLOWER_POLL["awa_trio"]))
+                old = await holders(conn)
+                began = time.perf_counter()
+                leader.send_signal(signal.SIGKILL)
+                took.append(await wait_for_holder(conn, old, timeout=60) - began)
+            finally:
+                stop(leader)
+                if follower is not None:
+                    follower.terminate()
+                    try:
+                        follower.wait(10)
+                    except subprocess.TimeoutExpired:
+                        follower.kill()
+            deadline = time.perf_counter() + 10
+            while await holders(conn) and time.perf_counter() < deadline:
+                await asyncio.sleep(0.01)
+    finally:
+        await conn.close()
+    return took
 
 
 async def follower_cpu(pairs: list[tuple[str, str, tuple[str, ...]]], seconds: float) -> list[float]:
@@ -327,22 +388,33 @@ async def main() -> None:
     parser.add_argument("--server", default="postgresql://postgres@localhost:5432")
     parser.add_argument("--runs", type=int, default=20, help="SIGKILL runs per leader")
     parser.add_argument("--graceful-runs", type=int, default=5)
+    parser.add_argument("--mixed-runs", type=int, default=10,
+                        help="awa-pg leader SIGKILLed, awa_trio follower")
     parser.add_argument("--cpu-seconds", type=float, default=60.0)
     parser.add_argument("--designs", action="store_true", help="measure the follower designs first")
+    parser.add_argument("--skip-upstream", action="store_true",
+                        help="awa_trio rows only (upstream's take ~10 s per run)")
     args = parser.parse_args()
 
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
     template = await make_template(args.server)
     try:
         if args.designs:
             await designs(args.server, template, min(args.cpu_seconds, 30.0))
         results = {}
-        for kind in ("awa_trio", "awa-pg"):
+        kinds = ("awa_trio",) if args.skip_upstream else ("awa_trio", "awa-pg")
+        for kind in kinds:
             dsn = await create_database(args.server, template)
             try:
                 results[kind] = await failover_runs(kind, dsn, args.runs, args.graceful_runs)
             finally:
                 await drop_database(args.server, dsn)
-        dsns = {kind: await create_database(args.server, template) for kind in ("awa_trio", "awa-pg")}
+        dsn = await create_database(args.server, template)
+        try:
+            mixed = await mixed_runs(dsn, args.mixed_runs)
+        finally:
+            await drop_database(args.server, dsn)
+        dsns = {kind: await create_database(args.server, template) for kind in kinds}
         try:
             shares = await follower_cpu([(kind, dsn, ()) for kind, dsn in dsns.items()], args.cpu_seconds)
         finally:
@@ -351,7 +423,9 @@ async def main() -> None:
     finally:
         await drop_database(args.server, template)
 
-    cpu = dict(zip(("awa_trio", "awa-pg"), shares))
+    cpu = dict(zip(kinds, shares))
+    if args.skip_upstream:
+        results["awa-pg"], cpu["awa-pg"] = {"sigkill": [float("nan")], "graceful": [float("nan")]}, float("nan")
     rows = [
         (f"SIGKILL takeover p50 ({args.runs} runs)", "sigkill", statistics.median, "s"),
         ("SIGKILL takeover p95", "sigkill", lambda v: percentile(v, 0.95), "s"),
@@ -367,7 +441,12 @@ async def main() -> None:
     print(f"{f'follower CPU, % of a core ({args.cpu_seconds:.0f} s)':<40}"
           f"{cpu['awa-pg'] * 100:>13.2f}%{cpu['awa_trio'] * 100:>11.2f}%"
           f"{(cpu['awa-pg'] / cpu['awa_trio']) if cpu['awa_trio'] else float('inf'):>8.1f}x")
-    print("ratio = awa-pg / awa_trio (higher: awa_trio faster or cheaper)")
+    print("ratio = awa-pg / awa_trio (higher: awa_trio faster or cheaper); "
+          f"load average at the end: {os.getloadavg()[0]:.2f}")
+    print("awa_trio SIGKILL takeovers, sorted (s): "
+          + " ".join(f"{v:.3f}" for v in sorted(results["awa_trio"]["sigkill"])))
+    print(f"\nmixed fleet: awa-pg leader SIGKILLed, awa_trio follower takes over ({args.mixed_runs} runs): "
+          f"p50 {statistics.median(mixed):.3f}s, p95 {percentile(mixed, 0.95):.3f}s, max {max(mixed):.3f}s")
 
 
 if __name__ == "__main__":
