@@ -12,7 +12,8 @@ Errors nobody awaits (asyncpg finishing a connection release in a task of
 its own after a cancel, a connection attempt dying with the network) reach
 the loop's exception handler. trio-asyncio's default handler re-raises them
 into the loop's nursery, which would end the whole service over a socket
-that was already lost; here they are logged instead.
+that was already lost; here they are logged instead (at debug level when
+they are the echo of a lost connection that its user reports anyway).
 """
 
 from __future__ import annotations
@@ -368,8 +369,11 @@ def _log_orphaned_error(loop: Any, context: dict[str, Any]) -> None:
     """asyncio exception handler: log what no caller awaited (see module doc)."""
     exception = context.get("exception")
     message = context.get("message") or "unhandled error in the asyncio loop"
-    log.warning("database driver: %s: %s", message,
-                f"{type(exception).__name__}: {exception}" if exception is not None else "(no exception)")
+    # A lost connection echoes here (asyncpg's own release or close task);
+    # whoever used the connection has already reported the loss.
+    echo = exception is not None and isinstance(translate_error(exception), ConnectionLost)
+    log.log(logging.DEBUG if echo else logging.WARNING, "database driver: %s: %s", message,
+            f"{type(exception).__name__}: {exception}" if exception is not None else "(no exception)")
 
 
 def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
