@@ -37,6 +37,7 @@ import trio
 
 from .db import DatabaseError, describe_error
 from .errors import LeadershipAbandoned
+from .logs import CURRENT_BRANCH, connection_recovered
 
 if TYPE_CHECKING:
     from .context import MaintenanceContext
@@ -72,6 +73,7 @@ def next_tick_after(previous_tick: float, interval: float, now: float) -> float:
 
 async def run_branch(spec: BranchSpec, ctx: MaintenanceContext, tracker: TrackerClient) -> None:
     """Tick forever (until cancelled): ask the tracker, run the body, report."""
+    CURRENT_BRANCH.set(spec.name)
     tick = trio.current_time()
     if not spec.run_immediately:
         tick += spec.interval
@@ -80,22 +82,37 @@ async def run_branch(spec: BranchSpec, ctx: MaintenanceContext, tracker: Tracker
         decision = await tracker.begin_tick(spec.name, spec.interval, cooldown=spec.cooldown)
         if decision.run:
             started = trio.current_time()
-            await run_body(spec, ctx)
-            await tracker.finish_tick(spec.name, trio.current_time() - started)
+            outcome = await run_body(spec, ctx)
+            await tracker.finish_tick(spec.name, trio.current_time() - started, error=outcome.error)
         tick = next_tick_after(tick, spec.interval, trio.current_time())
 
 
-async def run_body(spec: BranchSpec, ctx: MaintenanceContext) -> Any:
+@dataclasses.dataclass(frozen=True)
+class BodyOutcome:
+    result: Any = None
+    #: One line saying what went wrong, for /status (None: the body succeeded).
+    error: str | None = None
+
+
+async def run_body(spec: BranchSpec, ctx: MaintenanceContext) -> BodyOutcome:
     """One body, with the expected faults logged and swallowed."""
+    started = trio.current_time()
     try:
         with trio.fail_after(ctx.config.branch_timeout):
-            return await spec.run_once(ctx)
+            result = await spec.run_once(ctx)
     except DatabaseError as exc:
+        ctx.metrics.record_branch_error(spec.name)
         log.error("%s: database error %s", spec.name, describe_error(exc))
+        return BodyOutcome(error=f"database error {describe_error(exc)}")
     except trio.TooSlowError:
+        ctx.metrics.record_branch_error(spec.name)
         log.error("%s: body ran longer than branch_timeout (%.1fs) and was cancelled",
                   spec.name, ctx.config.branch_timeout)
-    return None
+        return BodyOutcome(error=f"ran longer than branch_timeout ({ctx.config.branch_timeout:g}s)")
+    # Closes a connection-trouble episode the log filter opened (the body may
+    # have logged its own errors, step by step, and still come back).
+    connection_recovered(spec.name, log, since=started)
+    return BodyOutcome(result=result)
 
 
 async def supervise_branch(
@@ -127,6 +144,7 @@ async def supervise_branch(
                 raise LeadershipAbandoned(
                     f"branch {spec.name} crashed {len(crashes)} times within {window:g}s"
                 ) from exc
+            ctx.metrics.record_branch_error(spec.name)
             log.error(
                 "%s: crashed (%d of %d allowed within %.0fs); restarting",
                 spec.name, len(crashes), limit, window, exc_info=exc,

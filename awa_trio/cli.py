@@ -44,6 +44,8 @@ from .cron import (
 )
 from .db import DatabaseError, sole_exception
 from .errors import AwaTrioError, ConfigError, UnsupportedSchema
+from .http_api import parse_address, prometheus_meter_provider
+from .logs import LOG_FORMATS, configure_logging, secrets_of
 from .schema import migrate
 from .service import MaintenanceService
 
@@ -51,7 +53,7 @@ log = logging.getLogger("awa_trio")
 
 DEFAULT_DATABASE_URL = "postgresql://localhost:5432/awa"
 ENV_PREFIX = "AWA_"
-COMMANDS = ("run", "migrate")
+COMMANDS = ("run", "migrate", "status", "demo")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
@@ -91,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("command", nargs="?", choices=COMMANDS, default="run",
-                        help="run the leader (default) or install the awa schema with awa-pg")
+                        help="run the leader (default); migrate: install the awa schema with awa-pg; "
+                             "status: report leadership and backlog from the database; "
+                             "demo: a throwaway PostgreSQL with a small workload")
     parser.add_argument(
         "--database-url",
         help=f"PostgreSQL URL (env AWA_DATABASE_URL or DATABASE_URL; default {DEFAULT_DATABASE_URL})",
@@ -99,6 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"awa_trio {__version__}")
     parser.add_argument("--config", metavar="FILE", help="TOML file with settings (env AWA_CONFIG)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (env AWA_LOG_LEVEL; default INFO)")
+    parser.add_argument("--log-format", help="text or json: one JSON object per line with the branch "
+                                             "and leadership term (env AWA_LOG_FORMAT; default text)")
+    parser.add_argument("--metrics-addr", metavar="HOST:PORT",
+                        help="serve Prometheus /metrics and /livez, /readyz, /status on this address "
+                             "(env AWA_METRICS_ADDR; default off)")
+    parser.add_argument("--json", action="store_true", help="status: print JSON instead of tables")
+    parser.add_argument("--engine", choices=("queue_storage", "canonical"), default="queue_storage",
+                        help="demo: the storage engine to show (default queue_storage, Awa 0.6's)")
+    parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                        help="demo: stop by itself after this long (default: at Ctrl-C)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the effective settings as JSON and exit")
     parser.add_argument(
@@ -222,6 +236,11 @@ class Invocation:
     disabled_branches: tuple[str, ...]
     document: Mapping[str, Any]
     periodic_jobs: tuple[PeriodicJob, ...] = ()
+    log_format: str = "text"
+    metrics_addr: str | None = None
+    json_output: bool = False
+    demo_engine: str = "queue_storage"
+    demo_duration: float | None = None
 
 
 def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> Invocation:
@@ -299,7 +318,18 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     log_level = (args.log_level or environ.get("AWA_LOG_LEVEL") or "INFO").upper()
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise ConfigError(f"log level must be DEBUG, INFO, WARNING or ERROR, not {log_level!r}")
+    log_format = (args.log_format or environ.get("AWA_LOG_FORMAT") or "text").lower()
+    if log_format not in LOG_FORMATS:
+        raise ConfigError(f"log format must be text or json, not {log_format!r}")
+    metrics_addr = args.metrics_addr or environ.get("AWA_METRICS_ADDR") or document.get("metrics_addr")
+    if metrics_addr:
+        parse_address(metrics_addr)
     return Invocation(
+        log_format=log_format,
+        metrics_addr=metrics_addr or None,
+        json_output=args.json,
+        demo_engine=args.engine,
+        demo_duration=args.duration,
         command=args.command,
         database_url=database_url,
         config=config,
@@ -354,22 +384,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(config_as_json(invocation.config))
         return EXIT_OK
 
-    logging.basicConfig(
-        level=invocation.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
     url = invocation.database_url
+    configure_logging(invocation.log_level, invocation.log_format, secrets_of(url))
     try:
         if invocation.command == "migrate":
             migrate(url)
             print(f"awa schema installed in {redact(url)}")
             return EXIT_OK
+        if invocation.command == "demo":
+            from .demo import run_demo
+
+            return trio.run(run_demo, invocation.demo_engine,
+                            invocation.metrics_addr or "127.0.0.1:9464", invocation.demo_duration)
+        if invocation.command == "status":
+            from .status import print_status
+
+            return trio.run(print_status, url, invocation.json_output, invocation.config)
         service = MaintenanceService(
             url,
             invocation.config,
             disabled_branches=invocation.disabled_branches,
             periodic_jobs=invocation.periodic_jobs,
+            meter_provider=prometheus_meter_provider() if invocation.metrics_addr else None,
+            http_address=invocation.metrics_addr,
         )
         trio.run(serve, service)
         return EXIT_OK

@@ -329,8 +329,10 @@ class MaintenanceConfig:
         "taking batches; the budget used is the smaller of this and half the branch's interval.")
     takeover_poll_interval: float = setting(
         DEFAULT_TAKEOVER_POLL_INTERVAL, INTERVAL,
-        "How often a follower tries the leader lock while the last attempt worked "
-        "(leader_election_interval applies after errors).")
+        "How often a follower tries the leader lock (pg_try_advisory_lock, which never waits "
+        "and holds no snapshot between tries): the bound on takeover after a leader dies. A "
+        "leader's graceful release wakes followers at once; leader_election_interval applies "
+        "after errors.")
     hook_timeout: float = setting(
         DEFAULT_HOOK_TIMEOUT, INTERVAL, "Longest a lifecycle hook handler may run before it is cancelled.")
     hook_concurrency: int = setting(

@@ -12,11 +12,13 @@ Errors nobody awaits (asyncpg finishing a connection release in a task of
 its own after a cancel, a connection attempt dying with the network) reach
 the loop's exception handler. trio-asyncio's default handler re-raises them
 into the loop's nursery, which would end the whole service over a socket
-that was already lost; here they are logged instead.
+that was already lost; here they are logged instead (at debug level when
+they are the echo of a lost connection that its user reports anyway).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,6 +34,9 @@ log = logging.getLogger(__name__)
 #: How long shielded cleanup (rollback, release, close) may take after a cancel.
 CLEANUP_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
+#: A pooled connection idle this long is closed (a leader's busy branches
+#: keep theirs; a follower, which uses the pool for nothing, ends up with none).
+IDLE_CONNECTION_LIFETIME = 10.0
 APPLICATION_NAME = "awa_trio"
 
 # SQLSTATEs that mean the session is gone rather than that a statement failed.
@@ -67,7 +72,22 @@ def describe_error(exc: DatabaseError) -> str:
 
 
 def translate_error(exc: BaseException) -> DatabaseError | None:
-    """Map an asyncpg/OS error to our types; None for anything else."""
+    """Map an error raised inside the driver to our types; None for what is
+    not a driver error (trio's cancellation, KeyboardInterrupt, SystemExit).
+
+    The rule: a server error keeps its SQLSTATE (class 08 and 57P0x mean the
+    session is gone); a client-side error on a statement whose session is
+    still fine (an argument asyncpg cannot encode, a stale type cache, a
+    driver warning raised as an error) is a :class:`QueryError`; everything
+    else asyncpg, the socket or the asyncio side of the bridge can raise
+    means the session's state is unknown, and is a :class:`ConnectionLost`:
+    the caller drops that connection, which is always safe. The case that
+    forced this rule: a statement sent in the few milliseconds between the
+    server's "terminating connection" message and the socket closing gets
+    asyncpg's ``InternalClientError`` ("cannot switch to state 12; another
+    operation (2) is in progress"), which derives from neither
+    ``PostgresError`` nor ``InterfaceError``.
+    """
     if isinstance(exc, DatabaseError):
         return exc
     if isinstance(exc, asyncpg.PostgresError):
@@ -79,13 +99,34 @@ def translate_error(exc: BaseException) -> DatabaseError | None:
         if sqlstate == UNIQUE_VIOLATION:
             return UniqueViolation(message, sqlstate=sqlstate, constraint=constraint)
         return QueryError(message, sqlstate=sqlstate, constraint=constraint)
-    if isinstance(exc, asyncpg.exceptions._base.DataError):
+    if isinstance(exc, asyncpg.exceptions.DataError):
         # Client-side: an argument asyncpg could not encode. The session is fine.
         return QueryError(f"invalid query argument: {exc}")
+    if isinstance(exc, asyncpg.exceptions.OutdatedSchemaCacheError):
+        # A type changed under a prepared statement; the next attempt re-reads it.
+        return QueryError(f"stale type cache: {exc}")
+    if isinstance(exc, Warning):
+        # asyncpg's InterfaceWarning, a server PostgresWarning: only raised
+        # when a warnings filter turns them into errors; the session is fine.
+        return QueryError(f"{type(exc).__name__}: {exc}", sqlstate=getattr(exc, "sqlstate", None))
     if isinstance(exc, asyncpg.InterfaceError):
         return ConnectionLost(str(exc) or type(exc).__name__)
+    if isinstance(exc, asyncpg.exceptions.InternalClientError):
+        # ProtocolError, TargetServerAttributeNotMatched and the bare class
+        # (a protocol state switch refused, a malformed message): the
+        # protocol state of this connection can no longer be trusted.
+        return ConnectionLost(f"driver protocol error ({type(exc).__name__}): {exc}")
+    if isinstance(exc, asyncio.CancelledError):
+        # Under trio-asyncio this only reaches us when the asyncio side
+        # cancelled the operation and no Trio scope did (a pool closing, a
+        # connection aborted under a pending call).
+        return ConnectionLost("operation cancelled inside the database driver")
     if isinstance(exc, (OSError, TimeoutError, EOFError)):
         return ConnectionLost(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    if isinstance(exc, Exception):
+        # Anything else from inside the driver (a BufferError on a torn
+        # message, an asyncio RuntimeError, an AssertionError in asyncpg).
+        return ConnectionLost(f"unexpected database driver error {type(exc).__name__}: {exc}")
     return None
 
 
@@ -105,7 +146,14 @@ class Connection:
         self._loop = loop
 
     async def _call(self, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
-        return await _bridge(self._loop, func, *args, **kwargs)
+        try:
+            return await _bridge(self._loop, func, *args, **kwargs)
+        except ConnectionLost as exc:
+            if _protocol_state_unknown(exc):
+                # Never send another statement into a confused protocol: the
+                # connection reports closed from now on, so callers reconnect.
+                _terminate(self._raw)
+            raise
 
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         return await self._call(self._raw.fetch, sql, *args)
@@ -125,6 +173,19 @@ class Connection:
 
     def is_closed(self) -> bool:
         return self._raw.is_closed()
+
+    async def listen(self, channel: str, callback: Callable[[], None]) -> None:
+        """LISTEN on ``channel``; ``callback`` runs in Trio (soon after) for
+        every notification that arrives while the connection is idle."""
+        token = trio.lowlevel.current_trio_token()
+
+        def on_notification(_conn: Any, _pid: int, _channel: str, _payload: str) -> None:
+            try:
+                token.run_sync_soon(callback)
+            except trio.RunFinishedError:
+                pass
+
+        await self._call(self._raw.add_listener, channel, on_notification)
 
     def on_termination(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (in Trio, soon after) when the connection closes
@@ -157,21 +218,43 @@ class Connection:
                 return
             except DatabaseError:
                 pass
-        self._raw.terminate()
+        _terminate(self._raw)
 
 
 async def _bridge(
     loop: trio_asyncio.TrioEventLoop, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
 ) -> Any:
+    """Run one driver call; whatever the driver raises comes out as a
+    :class:`DatabaseError` (see :func:`translate_error`), so no driver error
+    can end the service or look like a bug in a branch."""
     try:
         return await loop.run_aio_coroutine(func(*args, **kwargs))
-    except (trio.Cancelled, KeyboardInterrupt):
+    except (trio.Cancelled, KeyboardInterrupt, SystemExit):
         raise
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
         translated = translate_error(exc)
         if translated is None or translated is exc:
             raise
+        if not isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)):
+            log.debug("database driver raised %s, treated as %s", type(exc).__name__,
+                      type(translated).__name__, exc_info=exc)
         raise translated from exc
+
+
+def _protocol_state_unknown(exc: ConnectionLost) -> bool:
+    """True when the driver's protocol state, not the socket or the server,
+    is what failed (the connection may look open but must not be reused)."""
+    cause = exc.__cause__
+    return cause is not None and not isinstance(
+        cause, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, EOFError))
+
+
+def _terminate(raw: Any) -> None:
+    """Abort a connection or pool at once (no round trip); never raises."""
+    try:
+        raw.terminate()
+    except Exception as exc:  # the socket may already be gone, the loop closing
+        log.debug("terminating a database connection failed: %s: %s", type(exc).__name__, exc)
 
 
 class Database:
@@ -217,9 +300,9 @@ class Database:
                     await self._call(self._pool.release, raw)
                 except DatabaseError as exc:
                     log.debug("release failed: %s", exc)
-                    raw.terminate()
+                    _terminate(raw)
             if scope.cancelled_caught:
-                raw.terminate()
+                _terminate(raw)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
@@ -243,7 +326,7 @@ class Database:
         try:
             await self._call(_init_connection, raw)
         except BaseException:
-            raw.terminate()
+            _terminate(raw)
             raise
         return Connection(raw, self._loop)
 
@@ -256,8 +339,10 @@ async def open_database(
     lock_timeout: float | None = None,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     application_name: str = APPLICATION_NAME,
+    idle_connection_lifetime: float = IDLE_CONNECTION_LIFETIME,
 ) -> AsyncIterator[Database]:
     """Open the trio-asyncio loop and an asyncpg pool; close both on exit.
+    A pooled connection left idle for ``idle_connection_lifetime`` is closed.
 
     Raises :class:`ConnectionLost` for an unreachable server and
     :class:`QueryError` for a server that refuses us (bad database, role).
@@ -272,7 +357,7 @@ async def open_database(
         settings["lock_timeout"] = f"{int(lock_timeout * 1000)}ms"
     connect_kwargs: dict[str, Any] = {"timeout": connect_timeout, "server_settings": settings}
     try:
-        async with _open_database(dsn, pool_size, connect_kwargs) as database:
+        async with _open_database(dsn, pool_size, idle_connection_lifetime, connect_kwargs) as database:
             yield database
     except BaseExceptionGroup as group:
         # trio-asyncio's loop runs in a nursery of its own, which wraps whatever
@@ -288,8 +373,11 @@ def _log_orphaned_error(loop: Any, context: dict[str, Any]) -> None:
     """asyncio exception handler: log what no caller awaited (see module doc)."""
     exception = context.get("exception")
     message = context.get("message") or "unhandled error in the asyncio loop"
-    log.warning("database driver: %s: %s", message,
-                f"{type(exception).__name__}: {exception}" if exception is not None else "(no exception)")
+    # A lost connection echoes here (asyncpg's own release or close task);
+    # whoever used the connection has already reported the loss.
+    echo = exception is not None and isinstance(translate_error(exception), ConnectionLost)
+    log.log(logging.DEBUG if echo else logging.WARNING, "database driver: %s: %s", message,
+            f"{type(exception).__name__}: {exception}" if exception is not None else "(no exception)")
 
 
 def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
@@ -304,7 +392,7 @@ def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
 
 @asynccontextmanager
 async def _open_database(
-    dsn: str, pool_size: int, connect_kwargs: dict[str, Any]
+    dsn: str, pool_size: int, idle_connection_lifetime: float, connect_kwargs: dict[str, Any]
 ) -> AsyncIterator[Database]:
     async with trio_asyncio.open_loop() as loop:
         loop.set_exception_handler(_log_orphaned_error)
@@ -313,8 +401,13 @@ async def _open_database(
                 loop,
                 asyncpg.create_pool,
                 dsn,
-                min_size=1,
+                # One connection at start so a bad server shows at once;
+                # none kept idle after that, so a follower holds only its
+                # election connection once the start-up one has idled out.
+                init_size=1,
+                min_size=0,
                 max_size=pool_size,
+                max_inactive_connection_lifetime=idle_connection_lifetime,
                 init=_init_connection,
                 **connect_kwargs,
             )
@@ -330,4 +423,4 @@ async def _open_database(
                 except DatabaseError as exc:
                     log.debug("pool close failed: %s", exc)
             if scope.cancelled_caught:
-                pool.terminate()
+                _terminate(pool)

@@ -311,6 +311,10 @@ class Hooks:
         """True while :meth:`run` accepts events."""
         return self._send is not None
 
+    def queue_depth(self) -> int:
+        """Events waiting for a handler (for /status)."""
+        return self._send.statistics().current_buffer_used if self._send is not None else 0
+
     async def run(self, config: MaintenanceConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Dispatch events to handlers until cancelled; running handlers are
         cancelled with it and queued events are dropped."""

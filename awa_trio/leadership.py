@@ -5,10 +5,10 @@
         +----------+  pg_try_advisory_lock = true   +--------+
         | follower | -----------------------------> | leader |
         +----------+                                 +--------+
-          ^   |  false / error:                        |  |
-          |   |  sleep leader_election_interval        |  | lock connection closed or
-          |   +--------------<-------------------------+  | check failed: cancel the
-          |                                               | leader scope, retry at once
+          ^   |  false: wait takeover_poll_interval,   |  |
+          |   |  or less if a leader NOTIFYs release   |  | lock connection closed or
+          |   |  error: wait leader_election_interval  |  | check failed: cancel the
+          |   +--------------<-------------------------+  | leader scope, retry at once
           +------ a branch kept crashing: release the ----+
                   lock, stay out 2 election intervals;
                   a database error starting the term:
@@ -21,6 +21,17 @@ cancels that scope, so no branch body ever starts after the loss is known.
 The connection is watched two ways: a termination listener (server killed
 the backend, socket reset) fires at once; a ``pg_locks`` query every
 ``leader_check_interval`` catches a silent network loss.
+
+Takeover. A follower keeps one dedicated connection and tries the lock on
+it every ``takeover_poll_interval`` (250 ms). The try never waits, so the
+follower holds no snapshot between tries (a session blocked in
+``pg_advisory_lock`` keeps ``backend_xmin`` set for as long as it waits,
+pinning the database's MVCC horizon) and never shows up as a lock wait. A
+crashed leader's backend exits as soon as the kernel closes its socket, so
+its lock is free within milliseconds and the next try takes it. On a
+graceful release the leader unlocks and, in the same statement, NOTIFYs
+``awa_trio_leader_released``; followers LISTEN on their election
+connection and try at once. Errors back off by ``leader_election_interval``.
 
 A silent partition has a second half: the server keeps a vanished leader's
 session, and with it the lock, until TCP gives up on the client, which with
@@ -56,7 +67,17 @@ ABANDON_PENALTY_INTERVALS = 2
 HISTORY_LENGTH = 100
 
 TRY_LOCK_SQL = "SELECT pg_try_advisory_lock($1)"
-UNLOCK_SQL = "SELECT pg_advisory_unlock($1)"
+#: Followers LISTEN here; a leader NOTIFYs it as it lets the lock go.
+RELEASE_CHANNEL = "awa_trio_leader_released"
+# The notification is delivered when this statement's transaction ends,
+# after the unlock: a follower woken by it finds the lock free.
+UNLOCK_SQL = f"""
+    SELECT unlocked.released
+    FROM (SELECT pg_advisory_unlock($1) AS released) AS unlocked
+    LEFT JOIN LATERAL (
+        SELECT pg_notify('{RELEASE_CHANNEL}', '') WHERE unlocked.released
+    ) AS notified ON true
+"""
 # A bigint advisory key shows in pg_locks as classid = high 32 bits,
 # objid = low 32 bits, objsubid = 1.
 HOLDS_LOCK_SQL = """
@@ -144,6 +165,8 @@ class LeaderElector:
         self._lead = lead
         #: The connection holding the lock while leading (diagnostics, tests).
         self.lock_connection: Connection | None = None
+        #: Set when a leader announced a graceful release (see RELEASE_CHANNEL).
+        self._release_heard = trio.Event()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -152,7 +175,10 @@ class LeaderElector:
             while True:
                 candidate, acquired = await self._try_acquire(candidate)
                 if not acquired:
-                    await trio.sleep(self._config.leader_election_interval)
+                    if candidate is None:
+                        await trio.sleep(self._config.leader_election_interval)
+                    else:
+                        await self._wait_for_next_try()
                     continue
                 lock, candidate = candidate, None
                 outcome = await self._hold(lock)
@@ -164,16 +190,26 @@ class LeaderElector:
             if candidate is not None:
                 await candidate.close()
 
+    def _on_release_notice(self) -> None:
+        self._release_heard.set()
+
+    async def _wait_for_next_try(self) -> None:
+        """One poll interval, cut short by a leader's release notice."""
+        with trio.move_on_after(self._config.takeover_poll_interval):
+            await self._release_heard.wait()
+        self._release_heard = trio.Event()
+
     async def _try_acquire(self, conn: Connection | None) -> tuple[Connection | None, bool]:
         """One election attempt on a dedicated connection, reused between a
-        follower's attempts. Returns the connection (None after an error) and
-        whether it now holds the lock."""
+        follower's attempts (and listening for release notices). Returns the
+        connection (None after an error) and whether it now holds the lock."""
         try:
             if conn is None or conn.is_closed():
                 conn = await self._db.connect_dedicated(
                     application_name=LOCK_APPLICATION_NAME,
                     server_settings=lock_keepalive_settings(self._config.lock_keepalive),
                 )
+                await conn.listen(RELEASE_CHANNEL, self._on_release_notice)
             acquired = bool(await conn.fetchval(TRY_LOCK_SQL, LOCK_KEY))
         except DatabaseError as exc:
             log.warning("leader election attempt failed: %s", exc)

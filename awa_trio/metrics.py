@@ -7,6 +7,9 @@ provider with an in-memory reader).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
+
 from opentelemetry import metrics as otel_metrics
 
 METER_NAME = "awa"
@@ -26,9 +29,16 @@ RING_CURRENT_SLOT = "awa.ring.current_slot"
 RING_GENERATION = "awa.ring.generation"
 QUEUE_DEPTH = "awa.queue.depth"
 QUEUE_LAG = "awa.queue.lag"
+QUEUE_INFO = "awa.queue.info"
 JOB_DLQ_MOVED = "awa.job.dlq_moved"
 JOB_DLQ_PURGED = "awa.job.dlq_purged"
 JOB_DLQ_DEPTH = "awa.job.dlq_depth"
+
+# awa_trio's own (Prometheus: awa_trio_leader, awa_trio_term_started_seconds,
+# awa_trio_branch_errors_total).
+TRIO_LEADER = "awa_trio.leader"
+TRIO_TERM_STARTED = "awa_trio.term_started"
+TRIO_BRANCH_ERRORS = "awa_trio.branch.errors"
 
 # Attribute keys.
 ATTR_BRANCH = "awa.maintenance.branch"
@@ -108,6 +118,10 @@ class MaintenanceMetrics:
             RING_GENERATION, unit="{generation}",
             description="Current ring generation per ring; derivative is rotations/sec",
         )
+        self.queue_info = meter.create_gauge(
+            QUEUE_INFO, unit="1",
+            description="Declared queue descriptor (always 1); labels carry display name, owner, tags",
+        )
         self.dlq_moved = meter.create_counter(
             JOB_DLQ_MOVED, unit="{job}", description="Number of jobs moved into the Dead Letter Queue"
         )
@@ -116,6 +130,20 @@ class MaintenanceMetrics:
         )
         self.dlq_depth = meter.create_gauge(
             JOB_DLQ_DEPTH, unit="{job}", description="Current Dead Letter Queue depth per queue"
+        )
+        self.branch_errors = meter.create_counter(
+            TRIO_BRANCH_ERRORS, unit="{error}",
+            description="Branch bodies that failed (database error, timeout or crash), by branch",
+        )
+        #: Set by the service: () -> (is_leader, unix time the term started or None).
+        self._leadership: Callable[[], tuple[bool, float | None]] | None = None
+        meter.create_observable_gauge(
+            TRIO_LEADER, callbacks=[self._observe_leader], unit="1",
+            description="1 while this awa_trio process holds the maintenance lock, else 0",
+        )
+        meter.create_observable_gauge(
+            TRIO_TERM_STARTED, callbacks=[self._observe_term_start], unit="s",
+            description="Unix time the current leadership term started (absent while following)",
         )
         # A synchronous gauge reports its last value until told otherwise, so
         # a queue that drained or vanished would show its old lag or depth
@@ -126,6 +154,23 @@ class MaintenanceMetrics:
 
     def record_branch_duration(self, branch: str, seconds: float) -> None:
         self.branch_duration.record(seconds, {ATTR_BRANCH: branch})
+
+    def record_branch_error(self, branch: str) -> None:
+        self.branch_errors.add(1, {ATTR_BRANCH: branch})
+
+    def observe_leadership(self, source: Callable[[], tuple[bool, float | None]]) -> None:
+        self._leadership = source
+
+    def _observe_leader(self, options: object) -> Iterable[otel_metrics.Observation]:
+        if self._leadership is None:
+            return []
+        return [otel_metrics.Observation(1 if self._leadership()[0] else 0)]
+
+    def _observe_term_start(self, options: object) -> Iterable[otel_metrics.Observation]:
+        if self._leadership is None:
+            return []
+        leading, started = self._leadership()
+        return [otel_metrics.Observation(started)] if leading and started else []
 
     def record_branch_overrun(self, branch: str) -> None:
         self.branch_overrun.add(1, {ATTR_BRANCH: branch})
@@ -144,6 +189,19 @@ class MaintenanceMetrics:
         self._queues_with_depth.add(queue)
         for state, count in depth.items():
             self.queue_depth.set(count, {ATTR_JOB_QUEUE: queue, ATTR_JOB_STATE: state})
+
+    def record_queue_info(self, queue: str, display_name: str | None, description: str | None,
+                          owner: str | None, docs_url: str | None, tags: list[str]) -> None:
+        """Upstream's attribute set: only the fields a descriptor declares."""
+        attributes = {ATTR_JOB_QUEUE: queue}
+        for key, value in (("awa.queue.display_name", display_name),
+                           ("awa.queue.description", description),
+                           ("awa.queue.owner", owner), ("awa.queue.docs_url", docs_url)):
+            if value:
+                attributes[key] = value
+        if tags:
+            attributes["awa.queue.tags"] = ",".join(tags)
+        self.queue_info.set(1, attributes)
 
     def record_queue_lag(self, queue: str, seconds: float | None) -> None:
         """``None``: nothing available. Like upstream, a queue that never had

@@ -17,7 +17,11 @@ election until stopped or cancelled.
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import trio
 from opentelemetry.metrics import MeterProvider
@@ -27,14 +31,16 @@ from .branches.registry import default_branches
 from .config import MaintenanceConfig
 from .context import MaintenanceContext
 from .cron import PeriodicJob, validate_periodic_jobs
-from .db import DatabaseError, open_database, sole_exception
-from .errors import AwaTrioError, ConfigError
+from .db import Database, DatabaseError, open_database, sole_exception
+from .errors import AwaTrioError, ConfigError, UnsupportedSchema
 from .hooks import Hooks
 from .leadership import LeaderElector, LeadershipState
 from .metrics import MaintenanceMetrics
 from .schema import CANONICAL, QUEUE_STORAGE, STATE_ACTIVE, STATE_MIXED_TRANSITION
 from .schema import SchemaInfo, check_schema
+from .logs import CURRENT_TERM
 from .supervisor import run_leader_term
+from .tracker_actor import TrackerClient
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,7 @@ class MaintenanceService:
         extra_branches: Sequence[BranchSpec] = (),
         disabled_branches: Sequence[str] = (),
         branch_factory: BranchFactory = default_branches,
+        http_address: str | None = None,
     ):
         self.database_url = database_url
         self.config = config or MaintenanceConfig()
@@ -73,6 +80,15 @@ class MaintenanceService:
         #: Filled in by run() once the schema has been checked.
         self.schema: SchemaInfo | None = None
         self.branches: tuple[BranchSpec, ...] = ()
+        #: ``HOST:PORT`` of the metrics/health/status server (None: no server).
+        self.http_address = http_address
+        #: Where that server listens once started (port 0 resolved).
+        self.http_urls: list[str] = []
+        self._db: Database | None = None
+        self._tracker: TrackerClient | None = None
+        self._term = 0
+        self._term_started_at: float | None = None
+        self.metrics.observe_leadership(lambda: (self.is_leader, self._term_started_at))
 
     # -- state the embedding application can read --------------------------
 
@@ -104,6 +120,38 @@ class MaintenanceService:
     async def wait_until_follower(self) -> None:
         await self._state.wait_until(False)
 
+    async def check_database(self) -> SchemaInfo:
+        """The schema now, if the database answers and awa_trio maintains it
+        (raises DatabaseError or UnsupportedSchema otherwise): /readyz."""
+        if self._db is None:
+            raise UnsupportedSchema("the service has not connected to its database yet")
+        return await check_schema(self._db)
+
+    async def status(self) -> dict[str, Any]:
+        """What /status shows: leadership, storage, branches, hooks."""
+        schema = self.schema
+        branches: dict[str, Any] = {}
+        tracker = self._tracker if self.is_leader else None
+        if tracker is not None:
+            with trio.move_on_after(1.0):
+                branches = await tracker.snapshot()
+        for spec in self.branches if self.is_leader else ():
+            branches.setdefault(spec.name, {})["interval"] = spec.interval
+        return {
+            "role": "leader" if self.is_leader else "follower",
+            "alive": self.is_alive,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "term": self._term if self.is_leader else None,
+            "term_started_at": self._term_started_at if self.is_leader else None,
+            "lock_backend_pid": self.lock_backend_pid,
+            "schema_version": schema.version if schema else None,
+            "engine": schema.engine if schema else None,
+            "transition_state": schema.state if schema else None,
+            "branches": branches,
+            "hook_queue_depth": self.hooks.queue_depth() if self.hooks is not None else None,
+        }
+
     def stop(self) -> None:
         """Ask run() to return: branches are cancelled, the lock released."""
         if self._scope is not None:
@@ -131,9 +179,12 @@ class MaintenanceService:
                 f"(known: {', '.join(sorted(known))})"
             )
 
-    def _on_term_start(self, schema: SchemaInfo, branches: Sequence[BranchSpec]) -> None:
+    def _on_term_start(
+        self, schema: SchemaInfo, branches: Sequence[BranchSpec], tracker: TrackerClient
+    ) -> None:
         self.schema = schema
         self.branches = tuple(branches)
+        self._tracker = tracker
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until stop() or cancellation. Startup errors (bad URL,
@@ -159,6 +210,7 @@ class MaintenanceService:
                 pool_size=self.config.pool_size,
                 lock_timeout=self.config.lock_timeout,
             ) as db:
+                self._db = db
                 self.schema = await check_schema(db)
                 self._check_disabled_branches(self.schema)
                 self.branches = self._select_branches(self.schema)
@@ -176,6 +228,9 @@ class MaintenanceService:
                 )
 
                 async def lead(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                    self._term += 1
+                    CURRENT_TERM.set(self._term)
+                    self._term_started_at = time.time()
                     await run_leader_term(
                         ctx, self._select_branches, on_term_start=self._on_term_start,
                         task_status=task_status,
@@ -186,6 +241,10 @@ class MaintenanceService:
                     async with trio.open_nursery() as nursery:
                         if self.hooks is not None:
                             await nursery.start(self.hooks.run, self.config)
+                        if self.http_address is not None:
+                            from .http_api import serve_http
+
+                            self.http_urls = await nursery.start(serve_http, self, self.http_address)
                         await nursery.start(elector.run)
                         self._state.is_alive = True
                         task_status.started(self)

@@ -30,7 +30,7 @@ from .db import DatabaseError
 from .errors import UnsupportedSchema
 from .schema import SUPPORTED_ENGINES, SUPPORTED_SCHEMA_VERSIONS, SchemaInfo, read_schema
 from .schema import unsupported_engine_message, unsupported_version_message
-from .tracker_actor import run_tracker
+from .tracker_actor import TrackerClient, run_tracker
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ async def run_leader_term(
     ctx: MaintenanceContext,
     select_branches: BranchSelector,
     *,
-    on_term_start: Callable[[SchemaInfo, Sequence[BranchSpec]], None] | None = None,
+    on_term_start: Callable[[SchemaInfo, Sequence[BranchSpec], TrackerClient], None] | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Lead until cancelled, one term per storage state."""
@@ -71,13 +71,13 @@ async def run_leader_term(
         schema = await read_supported_schema(ctx)
         term_ctx = dataclasses.replace(ctx, schema=schema)
         branches = select_branches(schema)
-        if on_term_start is not None:
-            on_term_start(schema, branches)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch_schema, term_ctx)
                 tracker = await nursery.start(run_tracker, ctx.metrics)
                 branch_ctx = dataclasses.replace(term_ctx, tracker=tracker)
+                if on_term_start is not None:
+                    on_term_start(schema, branches, tracker)
                 for spec in branches:
                     await nursery.start(supervise_branch, spec, branch_ctx, tracker)
                 log.info(

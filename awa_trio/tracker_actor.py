@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from typing import Any
 
 import trio
 
@@ -41,6 +43,25 @@ class _BeginTick:
 class _FinishTick:
     branch: str
     duration: float
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Snapshot:
+    reply: trio.MemorySendChannel
+
+
+@dataclasses.dataclass
+class BranchActivity:
+    """What /status shows of one branch (wall-clock times, for people)."""
+
+    interval: float | None = None
+    last_run_at: float | None = None
+    last_duration: float | None = None
+    last_error: str | None = None
+    last_error_at: float | None = None
+    runs: int = 0
+    skipped_ticks: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +91,13 @@ class TrackerClient:
     async def begin_tick(self, branch: str, interval: float, *, cooldown: bool = True) -> TickDecision:
         return await self._ask(lambda reply: _BeginTick(branch, interval, cooldown, reply))
 
-    async def finish_tick(self, branch: str, duration: float) -> None:
-        await self._send.send(_FinishTick(branch, duration))
+    async def finish_tick(self, branch: str, duration: float, *, error: str | None = None) -> None:
+        await self._send.send(_FinishTick(branch, duration, error))
+
+    async def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Per branch: interval, last run, last duration, last error, cooldown
+        and prune backoff, as the tracker sees them now."""
+        return await self._ask(_Snapshot)
 
     async def should_skip_prune(self, branch: str) -> bool:
         return await self._ask(lambda reply: _PruneGate(branch, reply))
@@ -87,6 +113,7 @@ async def run_tracker(
     leadership term begins without inherited backoff or cooldown."""
     overrun = OverrunTracker()
     prune = PruneBackoffTracker()
+    activity: dict[str, BranchActivity] = {}
     send, receive = trio.open_memory_channel(REQUEST_BUFFER)
     async with send, receive:
         task_status.started(TrackerClient(send))
@@ -94,10 +121,22 @@ async def run_tracker(
             if isinstance(request, _BeginTick):
                 decision = overrun.begin(request.branch, request.interval, cooldown=request.cooldown)
                 _report_transition(metrics, request.branch, request.interval, decision)
+                seen = activity.setdefault(request.branch, BranchActivity())
+                seen.interval = request.interval
+                if not decision.run:
+                    seen.skipped_ticks += 1
                 request.reply.send_nowait(decision)
             elif isinstance(request, _FinishTick):
                 metrics.record_branch_duration(request.branch, request.duration)
                 overrun.finish(request.branch, request.duration)
+                seen = activity.setdefault(request.branch, BranchActivity())
+                seen.last_run_at = time.time()
+                seen.last_duration = request.duration
+                seen.runs += 1
+                if request.error is not None:
+                    seen.last_error, seen.last_error_at = request.error, seen.last_run_at
+            elif isinstance(request, _Snapshot):
+                request.reply.send_nowait(_snapshot(activity, overrun, prune))
             elif isinstance(request, _PruneGate):
                 skip = prune.should_skip(request.branch)
                 if skip:
@@ -107,6 +146,24 @@ async def run_tracker(
                 prune.record_outcome(request.branch, request.outcome)
             else:  # pragma: no cover - programming error
                 raise TypeError(f"unknown tracker request {request!r}")
+
+
+def _snapshot(
+    activity: dict[str, BranchActivity], overrun: OverrunTracker, prune: PruneBackoffTracker
+) -> dict[str, dict[str, Any]]:
+    report = {}
+    for branch, seen in sorted(activity.items()):
+        state = overrun.state(branch)
+        backoff = prune.state(branch)
+        report[branch] = {
+            **dataclasses.asdict(seen),
+            "delayed": bool(state and state.is_delayed),
+            "in_cooldown": bool(state and state.cooldown_ticks_remaining > 0),
+            "cooldown_ticks_remaining": state.cooldown_ticks_remaining if state else 0,
+            "prune_backoff_level": backoff.backoff_level if backoff else None,
+            "prune_skips_remaining": backoff.skip_remaining if backoff else None,
+        }
+    return report
 
 
 def _report_transition(

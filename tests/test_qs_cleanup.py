@@ -10,13 +10,13 @@ import uuid
 
 import trio
 from conftest import in_thread
+from support.contexts import make_context
+from support.helpers import metric_points
+from support.qs_dlq import add_bulk_dlq_rows, backdate_dlq, dead_letter_with_awa_pg, dlq_ids
 
 from awa_trio.config import RetentionPolicy
 from awa_trio.metrics import JOB_DLQ_PURGED
 from awa_trio.queue_storage import cleanup
-from support.contexts import make_context
-from support.helpers import metric_points
-from support.qs_dlq import add_bulk_dlq_rows, backdate_dlq, dead_letter_with_awa_pg, dlq_ids
 
 DAY = dt.timedelta(days=1)
 HOUR = dt.timedelta(hours=1)
@@ -186,3 +186,25 @@ async def test_a_failing_dlq_step_is_logged_and_the_other_steps_still_run(qs_db,
     assert result.failed_steps == ["dead-lettered jobs (global pass)"]
     assert result.queue_descriptors_deleted == 1
     assert "failed to purge dead-lettered jobs (global pass)" in caplog.text
+
+
+async def test_cancelled_mid_drain_leaves_each_batch_whole_or_untouched(qs_db):
+    total, batch = 50_000, 100
+    await add_bulk_dlq_rows(qs_db, "bulk", total, 31 * DAY)
+    ctx = await make_context(qs_db, dlq_cleanup_batch_size=batch, drain_time_budget="30s")
+
+    with trio.move_on_after(0.3) as scope:  # leadership lost mid-drain
+        await cleanup.run_once(ctx)
+
+    assert scope.cancelled_caught
+    left = len(await dlq_ids(qs_db))
+    assert 0 < left < total
+    assert (total - left) % batch == 0  # no batch half applied
+    # Nothing of ours is still running on the server.
+    assert await qs_db.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND query LIKE '%DELETE FROM awa.dlq_entries%' AND state = 'active'"
+        " AND pid <> pg_backend_pid()"
+    ) == 0
+    assert (await cleanup.run_once(ctx)).dlq_purged == left
+    assert await dlq_ids(qs_db) == []

@@ -4,10 +4,6 @@ by awa-pg 0.6.1, promoted by us, claimed and completed by an awa-pg worker."""
 from __future__ import annotations
 
 import trio
-
-from awa_trio.branches.registry import queue_storage_branches
-from awa_trio.config import MaintenanceConfig
-from awa_trio.queue_storage import promote
 from support.awa_pg import awa_pg_worker
 from support.helpers import metric_points
 from support.qs_jobs import (
@@ -20,8 +16,14 @@ from support.qs_jobs import (
     ready_count,
 )
 
+from awa_trio.branches.registry import queue_storage_branches
+from awa_trio.config import MaintenanceConfig
+from awa_trio.queue_storage import promote
+from awa_trio.queue_storage.layout import read_layout
+
 AVAILABLE_ONLY = 0b10        # unique_states bit 1: the claim is held only while available
 AVAILABLE_RUNNING = 0b110
+SCHEDULED_ONLY = 0b1
 
 
 def done_ids(worker) -> list[int]:
@@ -127,17 +129,26 @@ async def test_paused_queues_and_rows_not_yet_due_stay_deferred(qs_ctx, qs_db, q
 async def test_each_queue_that_receives_jobs_is_notified(
     qs_ctx, qs_db, qs_database_url, qs_awa_client
 ):
+    # A queue name too long for a channel: LISTEN cuts "awa:<queue>" to 63
+    # bytes (at a character boundary), so the NOTIFY must be cut the same way.
+    long_queue = "ü" * 40
+    long_channel = ("awa:" + long_queue)[:33]  # 4 + 29 * 2 = 62 bytes; one more would be 64
     await insert_scheduled(qs_awa_client, 3, queue="alpha")
     await insert_scheduled(qs_awa_client, 2, queue="beta")
     await insert_scheduled(qs_awa_client, 2, queue="gamma")
-    await make_due(qs_db, "queue IN ('alpha', 'beta')")
+    await insert_scheduled(qs_awa_client, 1, queue=long_queue)
+    await make_due(qs_db, f"queue IN ('alpha', 'beta', '{long_queue}')")
 
-    async with Listener(qs_database_url, ["awa:alpha", "awa:beta", "awa:gamma"]) as listener:
-        await promote.run_once(qs_ctx)
+    # (asyncpg routes notifications by the name it was given, so listen on the cut name.)
+    channels = ["awa:alpha", "awa:beta", "awa:gamma", long_channel]
+    async with Listener(qs_database_url, channels) as listener:
+        result = await promote.run_once(qs_ctx)
+        assert result.promoted["scheduled"] == 6
         assert await listener.wait_for("awa:alpha") and await listener.wait_for("awa:beta")
+        assert await listener.wait_for(long_channel)
         await trio.sleep(0.3)
     # One NOTIFY per queue per batch; nothing for a queue that got no job.
-    assert sorted(listener.heard) == ["awa:alpha", "awa:beta"]
+    assert sorted(listener.heard) == sorted(["awa:alpha", "awa:beta", long_channel])
 
 
 async def test_a_job_whose_unique_claim_is_held_waits_and_never_blocks_the_others(
@@ -201,3 +212,68 @@ async def test_the_branch_runs_at_once_at_term_start_every_promote_interval():
     spec = next(s for s in queue_storage_branches(config) if s.name == promote.NAME)
     assert spec.run_once is promote.run_once
     assert spec.run_immediately and spec.interval == 0.1
+
+
+async def test_a_claim_held_only_while_waiting_is_released_on_promotion(
+    qs_ctx, qs_db, qs_awa_client
+):
+    job = await insert_one_scheduled(qs_awa_client, {"key": 3},
+                                     unique_opts={"by_args": True, "states": SCHEDULED_ONLY})
+    assert await qs_db.fetchval("SELECT job_id FROM awa.job_unique_claims") == job
+    await make_due(qs_db)
+
+    result = await promote.run_once(qs_ctx)
+
+    assert result.promoted["scheduled"] == 1
+    assert await qs_db.fetchval("SELECT count(*) FROM awa.job_unique_claims") == 0
+
+
+async def test_a_lane_that_appears_after_the_lane_check_is_created_and_the_batch_retried(
+    qs_ctx, qs_db, qs_awa_client
+):
+    # As if the rows came due between this tick's lane check and its batch:
+    # the batch alone meets a lane with no enqueue head (SQLSTATE 55000).
+    await insert_scheduled(qs_awa_client, 3, queue="fresh")
+    await make_due(qs_db)
+    layout = await read_layout(qs_ctx)
+    result = promote.PromoteResult()
+
+    await promote.promote_due_state(qs_ctx, layout, "scheduled", result)
+
+    assert result.lanes_created == [("fresh", 2, 0)]
+    assert result.promoted == {"scheduled": 3}
+    assert await ready_count(qs_db, "queue = 'fresh'") == 3
+
+
+async def test_a_retryable_burst_larger_than_a_batch_promotes_in_one_run(
+    qs_ctx, qs_db, qs_awa_client
+):
+    # Upstream's per-state wedge applies to retryable rows too.
+    await insert_scheduled(qs_awa_client, 5_000, null_payload=True)
+    ids = [row["job_id"] for row in await qs_db.fetch("SELECT job_id FROM awa.deferred_jobs")]
+    await make_retryable(qs_db, ids)
+
+    result = await promote.run_once(qs_ctx)
+
+    assert result.promoted == {"scheduled": 0, "retryable": 5_000}
+    assert await deferred_count(qs_db) == 0
+    assert await ready_count(qs_db, "attempt = 1 AND payload IS NULL") == 5_000
+
+
+async def test_a_tick_stops_at_its_batch_budget_and_at_the_first_short_batch(
+    qs_ctx, qs_db, qs_awa_client, metric_reader, monkeypatch
+):
+    monkeypatch.setattr(promote, "PROMOTE_BATCH_SIZE", 100)
+    monkeypatch.setattr(promote, "PROMOTE_MAX_BATCHES_PER_TICK", 3)
+    await insert_scheduled(qs_awa_client, 350)
+    await make_due(qs_db)
+
+    first = await promote.run_once(qs_ctx)
+    assert first.promoted["scheduled"] == 300 and await deferred_count(qs_db) == 50
+    second = await promote.run_once(qs_ctx)
+    assert second.promoted["scheduled"] == 50 and await deferred_count(qs_db) == 0
+    # Batches: 3 full ones, then one short one that ends the state's loop.
+    sizes = [point for attrs, point in metric_points(metric_reader,
+                                                      "awa.maintenance.promote_batch_size")
+             if attrs["awa.job.state"] == "scheduled"]
+    assert sizes[0].count == 4 and sizes[0].sum == 350

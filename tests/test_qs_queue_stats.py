@@ -9,9 +9,6 @@ import time
 
 import trio
 from conftest import in_thread
-
-from awa_trio.metrics import JOB_DLQ_DEPTH, QUEUE_DEPTH, QUEUE_LAG
-from awa_trio.queue_storage import queue_stats
 from support.awa_pg import awa_pg_worker
 from support.contexts import make_context
 from support.helpers import metric_points
@@ -22,6 +19,9 @@ from support.qs_dlq import (
     fail_jobs_with_awa_pg,
     holding_leader_lock,
 )
+
+from awa_trio.metrics import JOB_DLQ_DEPTH, QUEUE_DEPTH, QUEUE_LAG
+from awa_trio.queue_storage import queue_stats
 
 ZERO_DEPTH = dict.fromkeys(queue_stats.DEPTH_STATES, 0)
 
@@ -65,7 +65,7 @@ async def test_depth_per_state_lag_and_dlq_depth_of_what_awa_pg_made(
         await insert(qs_awa_client, "ready")
     await age_ready_jobs(qs_db, "ready", 60)
     for _ in range(2):
-        await insert(qs_awa_client, "ready", run_at=now + dt.timedelta(hours=1))
+        await insert(qs_awa_client, "ready", run_at=now + dt.timedelta(hours=1))  # scheduled
     # broken: two failed jobs moved to the DLQ, one failed job left in the
     # ring; flaky: one job failed once and waiting to be retried.
     await dead_letter_with_awa_pg(qs_database_url, qs_db, qs_awa_client, "broken", 2)
@@ -74,13 +74,14 @@ async def test_depth_per_state_lag_and_dlq_depth_of_what_awa_pg_made(
     retrying = [await insert(qs_awa_client, "flaky", kind=DLQ_KIND, max_attempts=5)]
     await fail_jobs_with_awa_pg(qs_database_url, qs_db, "flaky", retrying,
                                 until_state="retryable")
-    busy = [await insert(qs_awa_client, "busy", kind="hangs") for _ in range(2)]
+    for _ in range(2):
+        await insert(qs_awa_client, "busy", kind="hangs")
     ctx = await make_context(qs_db, meter_provider=meter_provider)
 
     async with holding_leader_lock(qs_db):
         async with awa_pg_worker(qs_database_url, "hangs:busy", behaviour="hang",
                                  extra_args=["--role", "auto"]) as worker:
-            with trio.fail_after(10):
+            with trio.fail_after(10):  # both hanging jobs claimed
                 while len([line for line in worker.lines if line.startswith("START")]) < 2:
                     await trio.sleep(0.1)
             result = await queue_stats.run_once(ctx)

@@ -16,19 +16,29 @@ from __future__ import annotations
 import dataclasses
 
 import trio
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.awa_pg import awa_pg_worker
+from support.contexts import make_context
 from support.helpers import metric_points
 from support.qs_claims import (
+    CLAIMED_JOBS_SQL,
+    CLOSURE_BATCH_SQL,
+    COMPACT_CLAIM_SQL,
+    EXPLICIT_CLOSURE_SQL,
     LAGGARD_CLAIM_SQL,
     LAGGARD_LEASE_SQL,
+    RESET_CLAIM_PLANE_SQL,
+    ROW_CLAIM_SQL,
+    SET_CLAIM_RING_SQL,
     callback_worker,
     claim_closed,
     claim_slot_of,
     claim_slot_rows,
+    compact_claim_of,
     insert_job,
     leader_lock_held,
+    receipt_closed,
     relfilenode,
     ring_cursor,
     slot_rows,
@@ -37,6 +47,7 @@ from support.qs_claims import (
     wait_until,
 )
 
+from awa_trio.db import open_database
 from awa_trio.queue_storage import rotate_claim, rotate_lease
 from awa_trio.queue_storage.lease_claim_rings import oldest_sealed_slot
 from awa_trio.tracker import PruneOutcome
@@ -295,6 +306,38 @@ async def test_reader_holding_access_share_blocks_the_claim_prune_until_it_lets_
     assert counter(metric_reader, PRUNE_ATTEMPTS, ring="claim", outcome="pruned", reason="none") == 1
 
 
+async def test_compact_claims_of_a_zero_deadline_queue_keep_their_slot_until_each_is_closed(
+    qs_database_url, qs_db, qs_ctx, qs_awa_client
+):
+    db, ctx = qs_db, qs_ctx
+    async with leader_lock_held(db), callback_worker(
+        qs_database_url, "ring_compact:compact_q", callback=False, deadline_ms=0
+    ) as worker:
+        hanging = await insert_job(qs_awa_client, "ring_compact", "compact_q", {"hang": True})
+        finished = await insert_job(qs_awa_client, "ring_compact", "compact_q", {"hang": False})
+        await worker.wait_for_line(f"START {hanging}")
+        await worker.wait_for_line(f"DONE {finished}")
+        done_claim = await compact_claim_of(db, finished)
+        await wait_until(lambda: receipt_closed(db, done_claim["receipt_id"]))
+    # The worker is gone; its hanging claim is compact and still open.
+    open_claim = await compact_claim_of(db, hanging)
+    assert (open_claim["claim_slot"], done_claim["claim_slot"]) == (0, 0)
+    assert await slot_rows(db, "lease_claims", 0) == 0
+    assert not await receipt_closed(db, open_claim["receipt_id"])
+
+    assert (await rotate_claim.rotate(ctx)).rotated
+    skipped = await rotate_claim.prune(ctx)
+    assert (skipped.outcome, skipped.reason, skipped.count) == (
+        PruneOutcome.SKIPPED_ACTIVE, "claim.open", 1)
+    assert await compact_claim_of(db, hanging) is not None
+
+    # What the receipt rescue appends for a stale compact claim.
+    await db.execute(CLOSURE_BATCH_SQL, 0, open_claim["receipt_id"])
+    pruned = await rotate_claim.prune(ctx)
+    assert (pruned.outcome, pruned.slot) == (PruneOutcome.PRUNED, 0)
+    assert set((await claim_slot_rows(db, 0)).values()) == {0}
+
+
 # --- lease ring ---------------------------------------------------------------
 
 
@@ -410,7 +453,7 @@ async def test_rotation_loses_the_compare_and_set_cleanly_when_another_rotator_m
             db, f"UPDATE awa.{ring}_ring_state SET current_slot = 1, generation = 1")
         outcome = {}
         async with trio.open_nursery() as nursery:
-            async def rotate(module=module):
+            async def rotate(module=module, outcome=outcome):
                 outcome["result"] = await module.run_once(ctx)
             nursery.start_soon(rotate)
             await wait_for_lock_waiter(db, f"%UPDATE awa.{ring}_ring_state%")
@@ -465,3 +508,111 @@ async def test_tracker_backoff_gates_the_claim_prune(
         PruneOutcome.BLOCKED, None, None, PruneOutcome.PRUNED, PruneOutcome.NOOP]
     assert counter(metric_reader, PRUNE_ATTEMPTS, ring="claim") == 3
     assert set((await claim_slot_rows(db, 0)).values()) == {0}
+
+
+# --- claim prune against a model ---------------------------------------------
+
+
+async def test_a_claim_closed_twice_cannot_hide_an_open_claim(qs_db, qs_ctx):
+    """Ledger totals balance (two claims, two closures) while one claim is
+    open: upstream's count proof would truncate it; the per-claim proof
+    does not. Rows written as awa-pg shapes them."""
+    db, ctx = qs_db, qs_ctx
+    closed_twice = await db.fetchrow(ROW_CLAIM_SQL, 1)
+    await db.fetchrow(ROW_CLAIM_SQL, 2)  # job 2: never closed
+    await db.execute(EXPLICIT_CLOSURE_SQL, 0, 1)
+    await db.execute(CLOSURE_BATCH_SQL, 0, closed_twice["receipt_id"])
+    assert (await rotate_claim.rotate(ctx)).rotated
+    for _ in range(2):
+        result = await rotate_claim.prune(ctx)
+        assert (result.outcome, result.reason, result.count) == (
+            PruneOutcome.SKIPPED_ACTIVE, "claim.open", 1)
+    assert await db.fetchval("SELECT count(*) FROM awa.lease_claims_0") == 2
+
+
+@dataclasses.dataclass
+class ModelClaim:
+    slot: int
+    receipt_id: int
+    closures: int = 0
+
+
+claim_ops = st.one_of(
+    st.tuples(st.just("claim"), st.booleans(), st.integers(1, 3)),
+    st.tuples(st.just("close"), st.integers(0, 60), st.sampled_from(["explicit", "batch", "both"])),
+    st.just(("rotate",)),
+    st.just(("prune",)),
+)
+
+
+async def run_claim_plane_example(dsn: str, slot_count: int, ops) -> None:
+    async with open_database(dsn, pool_size=2) as db:
+        await db.execute(RESET_CLAIM_PLANE_SQL)
+        await db.execute(SET_CLAIM_RING_SQL, slot_count)
+        ctx = await make_context(db)
+        current, generation = 0, 0
+        claims: dict[int, ModelClaim] = {}
+        next_job = 1
+        for op in ops:
+            if op[0] == "claim":
+                _, compact, count = op
+                jobs = list(range(next_job, next_job + count))
+                next_job += count
+                if compact:
+                    row = await db.fetchrow(COMPACT_CLAIM_SQL, jobs)
+                    assert row["claim_slot"] == current
+                    for job_id, receipt_id in zip(jobs, row["receipt_ids"]):
+                        claims[job_id] = ModelClaim(current, receipt_id)
+                else:
+                    for job_id in jobs:
+                        row = await db.fetchrow(ROW_CLAIM_SQL, job_id)
+                        assert row["claim_slot"] == current
+                        claims[job_id] = ModelClaim(current, row["receipt_id"])
+            elif op[0] == "close" and claims:
+                _, index, how = op
+                job_id = sorted(claims)[index % len(claims)]
+                claim = claims[job_id]
+                if how in ("explicit", "both"):
+                    await db.execute(EXPLICIT_CLOSURE_SQL, claim.slot, job_id)
+                if how in ("batch", "both"):
+                    await db.execute(CLOSURE_BATCH_SQL, claim.slot, claim.receipt_id)
+                claim.closures += 1
+            elif op[0] == "rotate":
+                result = await rotate_claim.rotate(ctx)
+                next_slot = (current + 1) % slot_count
+                busy = any(claim.slot == next_slot for claim in claims.values())
+                assert result.rotated is not busy, (op, result)
+                if busy:
+                    assert result.blockers["claim.rows"] > 0
+                else:
+                    current, generation = next_slot, generation + 1
+                    assert (result.slot, result.generation) == (current, generation)
+            elif op[0] == "prune":
+                result = await rotate_claim.prune(ctx)
+                oldest = oldest_sealed_slot(current, generation, slot_count)
+                in_slot = {job_id: claim for job_id, claim in claims.items()
+                           if oldest and claim.slot == oldest[0]}
+                open_claims = [job_id for job_id, claim in in_slot.items() if not claim.closures]
+                if oldest is None:
+                    assert result.outcome is PruneOutcome.NOOP, (op, result)
+                elif not in_slot:
+                    # Nothing live; dead rows of an earlier example may be reclaimed.
+                    assert result.outcome in (PruneOutcome.NOOP, PruneOutcome.PRUNED), (op, result)
+                elif open_claims:
+                    assert result.outcome is PruneOutcome.SKIPPED_ACTIVE, (op, result)
+                    assert result.reason == "claim.open"
+                    assert 1 <= result.count <= len(open_claims)
+                else:
+                    assert result.outcome is PruneOutcome.PRUNED, (op, result)
+                    for job_id in in_slot:
+                        del claims[job_id]
+            in_db = {(row["claim_slot"], row["job_id"]) for row in await db.fetch(CLAIMED_JOBS_SQL)}
+            assert in_db == {(claim.slot, job_id) for job_id, claim in claims.items()}, op
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(slot_count=st.sampled_from([2, 3, 8]), ops=st.lists(claim_ops, min_size=1, max_size=30))
+def test_claim_prune_never_truncates_an_open_claim_and_rotation_only_enters_empty_slots(
+    qs_database_url, slot_count, ops
+):
+    trio.run(run_claim_plane_example, qs_database_url, slot_count, ops)

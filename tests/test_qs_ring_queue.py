@@ -6,32 +6,29 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 import trio
-
-from awa_trio.queue_storage import rotate_queue
-from awa_trio.queue_storage.queue_ring import QUEUE_SLOT_CHILDREN, child
-from awa_trio.tracker import PruneOutcome
-from awa_trio.tracker_actor import run_tracker
 from conftest import in_thread
 from support.awa_pg import awa_pg_worker
 from support.contexts import make_context
 from support.helpers import metric_points
 from support.qs_rings import (
     done_rows,
+    exact_terminal_total,
+    finish_jobs,
     insert_jobs,
     job_states,
     leader_lock_held,
-    ring_state,
-    run_worker_until,
-    slot_generations,
-    exact_terminal_total,
-    finish_jobs,
     pruned_rollups,
+    ring_state,
+    slot_generations,
     slot_row_counts,
-    terminal_states,
     wait_until,
 )
+
+from awa_trio.queue_storage import rotate_queue
+from awa_trio.queue_storage.queue_ring import QUEUE_SLOT_CHILDREN, child
+from awa_trio.tracker import PruneOutcome
+from awa_trio.tracker_actor import run_tracker
 
 DAY = 86400.0
 
@@ -136,7 +133,7 @@ async def test_prune_of_an_empty_sealed_slot_takes_no_lock(qs_ctx):
 
 
 async def test_pending_ready_rows_skip_prune_before_any_exclusive_lock(qs_ctx, qs_awa_client):
-    slot, generation = await ring_state(qs_ctx.db)
+    slot, _ = await ring_state(qs_ctx.db)
     await insert_jobs(qs_awa_client, 2, kind="ring_pending")
     await rotate_queue.rotate(qs_ctx)
     # A reader holds ACCESS SHARE on the slot's ready child: had prune asked
@@ -155,30 +152,39 @@ async def test_pending_ready_rows_skip_prune_before_any_exclusive_lock(qs_ctx, q
     assert (await slot_row_counts(qs_ctx.db, slot))["queue.ready_rows"] == 2
 
 
-async def test_an_open_claim_skips_prune_before_and_after_the_lock_wait(
+async def test_an_open_claim_skips_prune_before_any_exclusive_lock(
         qs_ctx, qs_awa_client, qs_database_url):
-    slot, generation = await ring_state(qs_ctx.db)
+    slot, _ = await ring_state(qs_ctx.db)
     [job_id] = await insert_jobs(qs_awa_client, 1, kind="ring_hang")
     async with leader_lock_held(qs_ctx.db), awa_pg_worker(
             qs_database_url, "ring_hang", behaviour="hang", extra_args=["--role", "auto"]) as worker:
         await worker.wait_for_line(f"START {job_id}", timeout=30)
         await rotate_queue.rotate(qs_ctx)
-        # Claimed (no pending ready row left), still running: the claim has
-        # no closure evidence yet, so the slot is still needed.
-        result = await rotate_queue.prune(qs_ctx)
+        # Claimed (no pending ready row left), still running on a receipt
+        # claim with no closure evidence yet: the slot is still needed. A
+        # reader on the slot is not made to wait, so no lock was asked for.
+        ready_child = child("awa", "ready_entries", slot)
+        holder = await access_share_holder(qs_ctx.db, ready_child)
+        try:
+            started = trio.current_time()
+            result = await rotate_queue.prune(qs_ctx, lock_timeout=2.0)
+            assert trio.current_time() - started < 1.5
+        finally:
+            await holder.close()
         assert result.outcome is PruneOutcome.SKIPPED_ACTIVE
-        assert result.reason == "queue.unclosed_claim_refs", result
+        assert (result.slot, result.reason, result.count) == (slot, "queue.unclosed_claim_refs", 1)
         assert (await job_states(qs_awa_client, [job_id]))[job_id] == "running"
     assert (await slot_row_counts(qs_ctx.db, slot))["queue.ready_rows"] == 1
 
 
 async def test_work_that_commits_during_the_lock_wait_is_seen_by_the_second_gate(
         qs_ctx, qs_awa_client, qs_database_url):
+    """The race upstream's second gate exists for. The lease is written by
+    SQL: no real claimer can be made to commit inside a 10 s lock wait on cue."""
     slot, generation = await ring_state(qs_ctx.db)
     ids = await insert_jobs(qs_awa_client, 3, kind="ring_done")
     await finish_jobs(qs_database_url, qs_ctx.db, qs_awa_client, "ring_done", "complete", ids)
     await rotate_queue.rotate(qs_ctx)
-    done_child = child("awa", "done_entries", slot)
     receipt_child = child("awa", "receipt_completion_batches", slot)
     holder = await access_share_holder(qs_ctx.db, receipt_child)
     results = []
@@ -202,7 +208,6 @@ async def test_work_that_commits_during_the_lock_wait_is_seen_by_the_second_gate
     assert result.reason == "queue.active_leases"
     # Nothing was truncated.
     assert (await slot_row_counts(qs_ctx.db, slot))["queue.ready_rows"] == 3
-    assert done_child
 
 
 async def _waiting_exclusive(db, table: str) -> bool:
@@ -237,7 +242,6 @@ async def test_a_reader_blocks_prune_until_it_lets_go(qs_ctx, qs_awa_client, qs_
     assert pruned.details["folded_completed"] == 4
     assert await pruned_rollups(qs_ctx.db, "default") == (4, 0)
     # The ring moves on onto the emptied slot once it comes round.
-    slot_count = await qs_ctx.db.fetchval("SELECT slot_count FROM awa.queue_ring_state")
     await rotate_to_slot(qs_ctx, slot)
     assert (await ring_state(qs_ctx.db))[0] == slot
 
@@ -458,3 +462,52 @@ async def test_a_snapshot_older_than_a_prune_misses_the_carried_rows(
         await reader.close()
     assert stale == 0
     assert await qs_db.fetchval("SELECT count(*) FROM awa.done_entries WHERE state = 'failed'") == 3
+
+
+UPSTREAM_LEADER_SCRIPT = """
+import asyncio, sys, awa
+async def main(dsn):
+    client = awa.AsyncClient(dsn)
+    @client.task(dict, kind="upstream_idle_noop", queue="upstream_idle")
+    async def noop(job):
+        pass
+    await client.start([{"name": "upstream_idle", "max_workers": 1}],
+                       storage_transition_role="auto", leader_election_interval_ms=100,
+                       failed_retention_hours=24.0,
+                       queue_storage_queue_rotate_interval_ms=100)
+    print("READY", flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_an_awa_pg_leader_takes_over_a_parked_ring(
+        qs_database_url, qs_db, qs_awa_client, meter_provider):
+    """The parked ring is a state upstream's own leader understands: it
+    carries the rows as it always does and the ring turns again, with every
+    failed job still failed and the counts unchanged."""
+    import subprocess
+    import sys
+
+    ctx = await make_context(qs_db, meter_provider=meter_provider, failed_retention=DAY)
+    ids = await insert_jobs(qs_awa_client, 4, kind="ring_fail", max_attempts=1)
+    await finish_jobs(qs_database_url, qs_db, qs_awa_client, "ring_fail", "fail", ids)
+    slot_count = await qs_db.fetchval("SELECT slot_count FROM awa.queue_ring_state")
+    for _ in range(2 * slot_count):
+        await rotate_queue.run_once(ctx)
+    assert not (await rotate_queue.rotate(ctx)).rotated  # parked
+    _, parked_generation = await ring_state(qs_db)
+
+    leader = await trio.lowlevel.open_process(
+        [sys.executable, "-c", UPSTREAM_LEADER_SCRIPT, qs_database_url], stdout=subprocess.DEVNULL)
+    try:
+        async def turned() -> bool:
+            return (await ring_state(qs_db))[1] >= parked_generation + slot_count
+        await wait_until(turned, timeout=120)
+    finally:
+        leader.kill()
+        with trio.move_on_after(5):
+            await leader.wait()
+    assert set((await job_states(qs_awa_client, ids)).values()) == {"failed"}
+    assert await exact_terminal_total(qs_db, "default") == 4
+    assert await pruned_rollups(qs_db, "default") == (0, 0)

@@ -7,14 +7,14 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 import trio
+from support.awa_pg import awa_pg_worker
+from support.qs_jobs import rotate_queue_ring, terminal_count
 
 from awa_trio.branches.registry import queue_storage_branches
 from awa_trio.config import MaintenanceConfig
 from awa_trio.leadership import LOCK_KEY
 from awa_trio.queue_storage import terminal_count_rollup as rollup
 from awa_trio.queue_storage.terminal_count_rollup import SlotOutcome
-from support.awa_pg import awa_pg_worker
-from support.qs_jobs import rotate_queue_ring, terminal_count
 
 FAILED_JOBS = 40
 
@@ -170,7 +170,7 @@ async def test_at_most_four_slots_are_folded_per_tick_oldest_generation_first(
                 for lap in range(5):
                     slots.append(await qs_db.fetchval(
                         "SELECT current_slot FROM awa.queue_ring_state"))
-                    await trio.to_thread.run_sync(lambda: qs_awa_client.insert_many_copy(
+                    await trio.to_thread.run_sync(lambda lap=lap: qs_awa_client.insert_many_copy(
                         [{"lap": lap, "n": i} for i in range(3)], kind="doomed",
                         queue="failing", max_attempts=1))
                     while await qs_db.fetchval(

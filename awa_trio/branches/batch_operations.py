@@ -65,8 +65,10 @@ exactly as awa-pg reads them):
   ``errored`` for good.
 * ``skipped`` in the result also counts items skipped because of a cancel.
 
-Canonical engine only; on queue storage awa-pg's runner applies operations
-through its own storage.
+The runner is engine-neutral: what differs per engine (which operations it
+may claim, how it finds matching jobs, how it changes one job) is a
+:class:`BatchOperationStorage`. This module holds the canonical one; the
+queue-storage one lives in :mod:`awa_trio.queue_storage.batch_operations`.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ import logging
 import os
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -113,13 +116,14 @@ TRY_RUNNER_LOCK_SQL = "SELECT pg_try_advisory_lock($1)"
 RELEASE_RUNNER_LOCK_SQL = "SELECT pg_advisory_unlock($1)"
 
 # Oldest unfinished operation first; strictly one at a time. The live engine
-# is re-checked because items are applied straight to the canonical tables.
-CLAIM_OPERATION_SQL = """
+# is re-checked ({engine_guard}) because items are applied straight to that
+# engine's tables.
+CLAIM_OPERATION_TEMPLATE = """
     WITH target AS (
         SELECT id, state
         FROM awa.batch_operations
         WHERE state IN ('pending', 'scanning', 'running', 'cancelling')
-          AND awa.active_storage_engine() = 'canonical'
+          AND {engine_guard}
         ORDER BY submitted_at, id
         LIMIT 1
         FOR UPDATE SKIP LOCKED
@@ -133,22 +137,17 @@ CLAIM_OPERATION_SQL = """
     WHERE op.id = target.id
     RETURNING op.id, op.op_kind, op.state, op.spec, op.filter
 """
+CLAIM_OPERATION_SQL = CLAIM_OPERATION_TEMPLATE.format(
+    engine_guard="awa.active_storage_engine() = 'canonical'"
+)
 
-# The jobs a filter selects: what the awa.jobs view shows as available or
-# scheduled, read from the two tables that hold those states. Binds:
+# The jobs a filter selects among {candidates}, a relation of every available
+# or scheduled job (id, kind, queue, state, tags, created_at). Binds:
 # $1 state, $2 kind, $3 queue, $4 tag, $5 ids, $6 created_at_gte,
 # $7 created_at_lt (each NULL when the filter leaves it open).
-_MATCHING_JOBS = """
+MATCHING_JOBS_TEMPLATE = """
     SELECT job.id
-    FROM (
-        SELECT id, kind, queue, state, tags, created_at
-        FROM awa.jobs_hot
-        WHERE state = 'available'
-        UNION ALL
-        SELECT id, kind, queue, state, tags, created_at
-        FROM awa.scheduled_jobs
-        WHERE state = 'scheduled'
-    ) AS job
+    FROM ({candidates}) AS job
     WHERE ($1::awa.job_state IS NULL OR job.state = $1::awa.job_state)
       AND ($2::text IS NULL OR job.kind = $2::text)
       AND ($3::text IS NULL OR job.queue = $3::text)
@@ -158,18 +157,32 @@ _MATCHING_JOBS = """
       AND ($7::timestamptz IS NULL OR job.created_at < $7::timestamptz)
 """
 
-# The scan's upper bound and total_matched, from one snapshot.
-SCAN_BOUNDS_SQL = f"""
-    SELECT COALESCE(max(matching.id), 0) AS max_job_id, count(*) AS total_matched
-    FROM ({_MATCHING_JOBS}) AS matching
+# Canonical candidates: what the awa.jobs view shows as available or
+# scheduled, read from the two tables that hold those states.
+CANONICAL_CANDIDATES = """
+        SELECT id, kind, queue, state, tags, created_at
+        FROM awa.jobs_hot
+        WHERE state = 'available'
+        UNION ALL
+        SELECT id, kind, queue, state, tags, created_at
+        FROM awa.scheduled_jobs
+        WHERE state = 'scheduled'
 """
+_MATCHING_JOBS = MATCHING_JOBS_TEMPLATE.format(candidates=CANONICAL_CANDIDATES)
+
+# The scan's upper bound and total_matched, from one snapshot.
+SCAN_BOUNDS_TEMPLATE = """
+    SELECT COALESCE(max(matching.id), 0) AS max_job_id, count(*) AS total_matched
+    FROM ({matching}) AS matching
+"""
+SCAN_BOUNDS_SQL = SCAN_BOUNDS_TEMPLATE.format(matching=_MATCHING_JOBS)
 
 # One page of the snapshot ($8 operation, ids in ($9, $10], $11 page size).
 # Also returns the operation's state so a cancel ends the scan early.
-SCAN_PAGE_SQL = f"""
+SCAN_PAGE_TEMPLATE = """
     WITH page AS (
         SELECT matching.id
-        FROM ({_MATCHING_JOBS}) AS matching
+        FROM ({matching}) AS matching
         WHERE matching.id > $9 AND matching.id <= $10
         ORDER BY matching.id
         LIMIT $11
@@ -182,6 +195,7 @@ SCAN_PAGE_SQL = f"""
            (SELECT count(*) FROM page) AS page_jobs,
            (SELECT state FROM awa.batch_operations WHERE id = $8) AS operation_state
 """
+SCAN_PAGE_SQL = SCAN_PAGE_TEMPLATE.format(matching=_MATCHING_JOBS)
 
 # The cursor is written once; the item states carry the progress.
 MARK_SCANNED_SQL = """
@@ -369,8 +383,47 @@ class OperationPlan:
 
     apply_sql: str
     apply_args: tuple[Any, ...]
-    #: The seven filter binds of _MATCHING_JOBS, in order.
+    #: The seven filter binds of MATCHING_JOBS_TEMPLATE, in order.
     filter_args: tuple[Any, ...]
+    op_kind: str = ""
+
+
+#: Changes one job for the plan and records its item's outcome, atomically;
+#: returns a row with ``outcome`` (processed or skipped) and
+#: ``operation_state`` (the operation's state afterwards).
+ApplyJob = Callable[[Connection, OperationPlan, uuid.UUID, int], Awaitable[Any]]
+
+
+async def apply_job_statement(
+    conn: Connection, plan: OperationPlan, operation_id: uuid.UUID, job_id: int
+) -> Any:
+    """The canonical engine: the plan's one statement does it all."""
+    return await conn.fetchrow(plan.apply_sql, operation_id, job_id, *plan.apply_args)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchOperationStorage:
+    """What differs between storage engines; the runner around it is shared
+    (the queue-storage engine builds its own in
+    :mod:`awa_trio.queue_storage.batch_operations`)."""
+
+    claim_operation_sql: str
+    scan_bounds_sql: str
+    scan_page_sql: str
+    #: Per-item statements a decoded plan carries as ``apply_sql``.
+    set_priority_sql: str
+    move_queue_sql: str
+    apply_job: ApplyJob
+
+
+CANONICAL_STORAGE = BatchOperationStorage(
+    claim_operation_sql=CLAIM_OPERATION_SQL,
+    scan_bounds_sql=SCAN_BOUNDS_SQL,
+    scan_page_sql=SCAN_PAGE_SQL,
+    set_priority_sql=APPLY_SET_PRIORITY_SQL,
+    move_queue_sql=APPLY_MOVE_QUEUE_SQL,
+    apply_job=apply_job_statement,
+)
 
 
 @dataclasses.dataclass
@@ -399,6 +452,19 @@ async def run_once(
     chunk_size: int = CHUNK_SIZE,
     scan_page_size: int = SCAN_PAGE_SIZE,
 ) -> BatchOperationsResult:
+    return await run_batch_operations(
+        ctx, CANONICAL_STORAGE, chunk_size=chunk_size, scan_page_size=scan_page_size
+    )
+
+
+async def run_batch_operations(
+    ctx: MaintenanceContext,
+    storage: BatchOperationStorage,
+    *,
+    chunk_size: int = CHUNK_SIZE,
+    scan_page_size: int = SCAN_PAGE_SIZE,
+) -> BatchOperationsResult:
+    """One tick of the runner against ``storage``'s tables."""
     runner_instance = uuid.uuid4()
     async with ctx.db.acquire() as conn:
         if not await conn.fetchval(TRY_RUNNER_LOCK_SQL, RUNNER_LOCK_KEY):
@@ -406,7 +472,7 @@ async def run_once(
             return BatchOperationsResult(runner_lock_busy=True)
         try:
             result = await run_locked_chunk(
-                conn, runner_instance, max(chunk_size, 1), max(scan_page_size, 1)
+                conn, runner_instance, max(chunk_size, 1), max(scan_page_size, 1), storage
             )
         finally:
             await release_runner_lock(conn)
@@ -433,11 +499,15 @@ async def release_runner_lock(conn: Connection) -> None:
 
 
 async def run_locked_chunk(
-    conn: Connection, runner_instance: uuid.UUID, chunk_size: int, scan_page_size: int
+    conn: Connection,
+    runner_instance: uuid.UUID,
+    chunk_size: int,
+    scan_page_size: int,
+    storage: BatchOperationStorage = CANONICAL_STORAGE,
 ) -> BatchOperationsResult:
     """Steps 2-6 of the module docstring, under the runner lock."""
     result = BatchOperationsResult(runner_instance=runner_instance)
-    row = await conn.fetchrow(CLAIM_OPERATION_SQL, runner_instance)
+    row = await conn.fetchrow(storage.claim_operation_sql, runner_instance)
     if row is None:
         return result
     result.claimed = True
@@ -447,16 +517,16 @@ async def run_locked_chunk(
 
     if state != "cancelling":
         try:
-            plan = decode_operation(row["spec"], row["filter"])
+            plan = decode_operation(row["spec"], row["filter"], storage)
         except InvalidBatchOperation as exc:
             log.error("%s: operation %s cannot run and is marked failed: %s",
                       NAME, result.operation_id, exc)
             await finalize_operation(conn, result, "failed", last_error=str(exc))
             return result
         if state == "scanning":
-            state = await scan_operation(conn, result, plan, scan_page_size)
+            state = await scan_operation(conn, result, plan, scan_page_size, storage)
         if state == "running":
-            state = await apply_chunk(conn, result, plan, chunk_size)
+            state = await apply_chunk(conn, result, plan, chunk_size, storage)
             if state == "running" and await conn.fetchval(
                 HAS_PENDING_ITEMS_SQL, result.operation_id
             ):
@@ -470,18 +540,22 @@ async def run_locked_chunk(
 
 
 async def scan_operation(
-    conn: Connection, result: BatchOperationsResult, plan: OperationPlan, page_size: int
+    conn: Connection,
+    result: BatchOperationsResult,
+    plan: OperationPlan,
+    page_size: int,
+    storage: BatchOperationStorage = CANONICAL_STORAGE,
 ) -> str | None:
     """Snapshot the matching job ids into items; returns the operation state
     (``running`` once the snapshot is complete, ``cancelling`` if a cancel
     arrived first)."""
     operation_id = result.operation_id
-    bounds = await conn.fetchrow(SCAN_BOUNDS_SQL, *plan.filter_args)
+    bounds = await conn.fetchrow(storage.scan_bounds_sql, *plan.filter_args)
     max_job_id = bounds["max_job_id"]
     after_job_id = 0
     while after_job_id < max_job_id:
         page = await conn.fetchrow(
-            SCAN_PAGE_SQL, *plan.filter_args, operation_id, after_job_id, max_job_id, page_size
+            storage.scan_page_sql, *plan.filter_args, operation_id, after_job_id, max_job_id, page_size
         )
         if page["last_job_id"] is None:
             break
@@ -499,26 +573,34 @@ async def scan_operation(
 
 
 async def apply_chunk(
-    conn: Connection, result: BatchOperationsResult, plan: OperationPlan, chunk_size: int
+    conn: Connection,
+    result: BatchOperationsResult,
+    plan: OperationPlan,
+    chunk_size: int,
+    storage: BatchOperationStorage = CANONICAL_STORAGE,
 ) -> str | None:
     """Apply up to chunk_size pending items, stopping at a cancel; returns
     the operation state after the last one."""
     rows = await conn.fetch(PENDING_ITEMS_SQL, result.operation_id, chunk_size)
     state: str | None = "running"
     for row in rows:
-        state = await apply_item(conn, result, plan, row["job_id"])
+        state = await apply_item(conn, result, plan, row["job_id"], storage)
         if state != "running":
             break
     return state
 
 
 async def apply_item(
-    conn: Connection, result: BatchOperationsResult, plan: OperationPlan, job_id: int
+    conn: Connection,
+    result: BatchOperationsResult,
+    plan: OperationPlan,
+    job_id: int,
+    storage: BatchOperationStorage = CANONICAL_STORAGE,
 ) -> str | None:
-    """One job, one statement; returns the operation state after it."""
+    """One job, applied atomically; returns the operation state after it."""
     operation_id = result.operation_id
     try:
-        row = await conn.fetchrow(plan.apply_sql, operation_id, job_id, *plan.apply_args)
+        row = await storage.apply_job(conn, plan, operation_id, job_id)
     except QueryError as exc:
         if exc.sqlstate in RETRY_LATER_SQLSTATES:
             raise
@@ -560,24 +642,28 @@ def retention_days() -> int:
     return DEFAULT_RETENTION_DAYS
 
 
-def decode_operation(spec: Any, job_filter: Any) -> OperationPlan:
+def decode_operation(
+    spec: Any, job_filter: Any, storage: BatchOperationStorage = CANONICAL_STORAGE
+) -> OperationPlan:
     """Read a stored spec and filter as awa's serde types would, with the
-    same validation as awa-pg's submit; raise InvalidBatchOperation otherwise."""
+    same validation as awa-pg's submit; raise InvalidBatchOperation otherwise.
+    ``apply_args``: ``(priority,)`` for set_priority, ``(queue, priority or
+    None)`` for move_queue."""
     if not isinstance(spec, dict):
         raise InvalidBatchOperation("spec must be a JSON object")
     op_kind = spec.get("op_kind")
     if op_kind == OP_SET_PRIORITY:
-        plan_sql = APPLY_SET_PRIORITY_SQL
+        plan_sql = storage.set_priority_sql
         apply_args: tuple[Any, ...] = (_priority(spec.get("priority"), required=True),)
     elif op_kind == OP_MOVE_QUEUE:
         queue = spec.get("queue")
         if not isinstance(queue, str) or not 0 < len(queue.encode()) <= MAX_QUEUE_NAME_BYTES:
             raise InvalidBatchOperation("destination queue must be 1..=200 characters")
-        plan_sql = APPLY_MOVE_QUEUE_SQL
+        plan_sql = storage.move_queue_sql
         apply_args = (queue, _priority(spec.get("priority"), required=False))
     else:
         raise InvalidBatchOperation(f"unknown batch operation kind: {op_kind!r}")
-    return OperationPlan(plan_sql, apply_args, _filter_args(op_kind, job_filter))
+    return OperationPlan(plan_sql, apply_args, _filter_args(op_kind, job_filter), op_kind)
 
 
 def _priority(value: Any, *, required: bool) -> int | None:

@@ -90,6 +90,10 @@ CURRENT_SLOT_SQL = """
 
 SET_LOCAL_LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', $1, true)"
 
+LOCK_CHILDREN_SQL = "LOCK TABLE {children} IN ACCESS EXCLUSIVE MODE"
+
+TRUNCATE_CHILDREN_SQL = "TRUNCATE TABLE {children}"
+
 
 def bounded_row_count(table: str) -> str:
     """SQL expression: rows in ``table``, counted up to ROW_COUNT_CAP."""
@@ -195,7 +199,7 @@ async def prune_oldest(
 
             await conn.execute(SET_LOCAL_LOCK_TIMEOUT_SQL, f"{max(1, round(lock_timeout * 1000))}ms")
             children = ", ".join(tables.child_tables(schema, slot))
-            await conn.execute(f"LOCK TABLE {children} IN ACCESS EXCLUSIVE MODE")
+            await conn.execute(LOCK_CHILDREN_SQL.format(children=children))
 
             if int(await conn.fetchval(CURRENT_SLOT_SQL.format(**ring_sql))) == slot:
                 return _skipped(slot, tables.current_reason, 0, after_lock=True)
@@ -203,7 +207,7 @@ async def prune_oldest(
             if live:
                 return _skipped(slot, tables.live_reason, live, after_lock=True)
 
-            await conn.execute(f"TRUNCATE TABLE {children}")
+            await conn.execute(TRUNCATE_CHILDREN_SQL.format(children=children))
             if tables.after_truncate_sql is not None:
                 await conn.execute(tables.fill(tables.after_truncate_sql, schema, slot))
             return PruneResult(outcome=PruneOutcome.PRUNED, slot=slot)

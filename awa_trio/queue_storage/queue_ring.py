@@ -41,6 +41,24 @@ def slot_children(schema: str, slot: int) -> list[str]:
     return [child(schema, table, slot) for _label, table in QUEUE_SLOT_CHILDREN]
 
 
+#: Template placeholder of each child in the prune statements below.
+CHILD_PLACEHOLDERS = {
+    "ready_child": "ready_entries",
+    "claim_attempt_child": "ready_claim_attempt_batches",
+    "done_child": "done_entries",
+    "tombstone_child": "ready_tombstones",
+    "segment_child": "ready_segments",
+    "receipt_batch_child": "receipt_completion_batches",
+    "receipt_tombstone_child": "receipt_completion_tombstones",
+    "delta_child": "queue_terminal_count_deltas",
+}
+
+
+def child_placeholders(schema: str, slot: int) -> dict[str, str]:
+    """``{ready_child: awa.ready_entries_3, ...}`` for ``str.format``."""
+    return {key: child(schema, table, slot) for key, table in CHILD_PLACEHOLDERS.items()}
+
+
 def children_busy_sql(schema: str, slot: int) -> str:
     """One row, one boolean per child of ``slot``: does it hold any row?
 

@@ -22,9 +22,9 @@ Numbers as upstream's observability path computes them (awa-worker 0.6.1,
 
 **Never waiting on a prune.** A ring prune holds ACCESS EXCLUSIVE on one
 slot's child tables for its TRUNCATE (and queues for it behind readers).
-Upstream reads ready, done and lease partitions in one statement with the
-pool's lock timeout, so its metrics stall behind every prune, and a prune
-stalls behind them. Here the reading is four statements, each in its own
+Upstream reads the ready, done and lease partitioned tables in one statement
+without a lock timeout; planning it takes ACCESS SHARE on every child, so its
+metrics wait behind every prune, and readers queued behind that wait too. Here the reading is four statements, each in its own
 transaction with ``lock_timeout`` = :data:`RING_LOCK_TIMEOUT`:
 
 1. control tables a prune never locks (heads, ``queue_meta``,

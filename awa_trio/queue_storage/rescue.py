@@ -4,7 +4,8 @@ receipt-claim steps, the drain loop and the side effects.
 On queue storage a running attempt lives in one of three places:
 
 * a ``leases`` row (an attempt that was materialised: it registered a
-  callback, reported progress, or ran on the legacy path);
+  callback, or ran on the legacy non-receipt path; progress alone stays in
+  ``attempt_state``);
 * a row of ``lease_claims`` (the receipt fast path for a job with a
   deadline: no ``leases`` row at all, the deadline is
   ``lease_claims.deadline_at``);
@@ -51,8 +52,9 @@ A sweep drains: it repeats batches of ``rescue_batch_size`` until one comes
 back short or ``min(drain_time_budget, interval / 2)`` is spent. Each batch
 commits on its own, and its side effects (metrics, in-flight cancellation,
 follow-up jobs, events) run right after its commit, so a cancellation
-between batches leaves every batch applied (with its side effects) or
-untouched.
+leaves every batch applied or untouched (a cancellation during a batch's
+side effects cuts them short, as a crash would: follow-ups are best-effort,
+as upstream).
 """
 
 from __future__ import annotations
@@ -81,36 +83,41 @@ OUTCOME_STALE_RECEIPT = "rescued"
 OUTCOME_DEADLINE_RECEIPT = "deadline_expired"
 OUTCOME_SETTLED = "rescue"
 
-# Closure evidence of one attempt, as upstream's readers and prune gates
-# judge it. {claim_slot}, {job_id}, {run_lease}, {receipt_id} name columns.
-_CLOSED_EVIDENCE = """(
-    EXISTS (
+# No closure evidence for one attempt, as upstream's readers and prune gates
+# judge it: no explicit closure, no closure batch holding its receipt, no
+# terminal, deferred or DLQ row of the same (job_id, run_lease). Written as
+# a conjunction of NOT EXISTS (not NOT (a OR b ...)) so that the planner can
+# turn each into an anti-join over a whole batch of candidates instead of
+# probing every table once per candidate. {claim_slot}, {job_id},
+# {run_lease}, {receipt_id} name columns.
+_NO_CLOSURE_EVIDENCE = """(
+    NOT EXISTS (
         SELECT 1 FROM {schema}.lease_claim_closures AS closures
         WHERE closures.claim_slot = {claim_slot}
           AND closures.job_id = {job_id}
           AND closures.run_lease = {run_lease}
     )
-    OR EXISTS (
+    AND NOT EXISTS (
         SELECT 1 FROM {schema}.lease_claim_closure_batches AS closure_batches
         WHERE closure_batches.claim_slot = {claim_slot}
           AND closure_batches.receipt_ranges @> {receipt_id}
     )
-    OR EXISTS (
+    AND NOT EXISTS (
         SELECT 1 FROM {schema}.done_entries AS done
         WHERE done.job_id = {job_id} AND done.run_lease = {run_lease}
     )
-    OR EXISTS (
+    AND NOT EXISTS (
         SELECT 1 FROM {schema}.deferred_jobs AS deferred
         WHERE deferred.job_id = {job_id} AND deferred.run_lease = {run_lease}
     )
-    OR EXISTS (
+    AND NOT EXISTS (
         SELECT 1 FROM {schema}.dlq_entries AS dlq
         WHERE dlq.job_id = {job_id} AND dlq.run_lease = {run_lease}
     )
 )"""
 
 
-def closed_evidence(
+def still_open(
     prefix: str | None = None,
     *,
     claim_slot: str | None = None,
@@ -118,15 +125,15 @@ def closed_evidence(
     run_lease: str | None = None,
     receipt_id: str | None = None,
 ) -> str:
-    """``_CLOSED_EVIDENCE`` for the columns of table alias ``prefix``, or for
-    explicit column expressions."""
+    """``_NO_CLOSURE_EVIDENCE`` for the columns of table alias ``prefix``, or
+    for explicit column expressions."""
     columns = {
         "{claim_slot}": claim_slot or f"{prefix}.claim_slot",
         "{job_id}": job_id or f"{prefix}.job_id",
         "{run_lease}": run_lease or f"{prefix}.run_lease",
         "{receipt_id}": receipt_id or f"{prefix}.receipt_id",
     }
-    text = _CLOSED_EVIDENCE
+    text = _NO_CLOSURE_EVIDENCE
     for name, column in columns.items():
         text = text.replace(name, column)
     return text
@@ -212,13 +219,14 @@ CLOSE_RECEIPTS_SQL = f"""
          AND claims.job_id = locked.job_id
          AND claims.run_lease = locked.run_lease
         WHERE claims.closed_at IS NULL
-          AND NOT {closed_evidence("claims")}
+          AND {still_open("claims")}
           AND NOT EXISTS (
               SELECT 1 FROM {{schema}}.leases AS lease
               WHERE lease.job_id = claims.job_id AND lease.run_lease = claims.run_lease
           )
     ),
-    batch_claims AS MATERIALIZED (
+    batch_items AS MATERIALIZED (
+        -- Each compact batch unnested once (not once per locked attempt).
         SELECT
             claim_batches.claim_slot, claim_batches.ready_slot, claim_batches.ready_generation,
             items.job_id, claim_batches.queue, claim_batches.priority, items.attempt,
@@ -229,20 +237,26 @@ CLOSE_RECEIPTS_SQL = f"""
             claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids,
             claim_batches.lane_seqs, claim_batches.attempts, claim_batches.max_attempts
         ) AS items(job_id, run_lease, receipt_id, lane_seq, attempt, max_attempts)
-        JOIN locked
-          ON locked.claim_slot = claim_batches.claim_slot
-         AND locked.job_id = items.job_id
-         AND locked.run_lease = items.run_lease
         WHERE claim_batches.claim_slot = ANY($1::int[])
           AND claim_batches.job_ids && $2::bigint[]
-          AND NOT {closed_evidence("items", claim_slot="claim_batches.claim_slot")}
+    ),
+    batch_claims AS MATERIALIZED (
+        SELECT batch_items.*
+        FROM batch_items
+        JOIN locked
+          ON locked.claim_slot = batch_items.claim_slot
+         AND locked.job_id = batch_items.job_id
+         AND locked.run_lease = batch_items.run_lease
+        WHERE {still_open("batch_items")}
           AND NOT EXISTS (
               SELECT 1 FROM {{schema}}.leases AS lease
-              WHERE lease.job_id = items.job_id AND lease.run_lease = items.run_lease
+              WHERE lease.job_id = batch_items.job_id
+                AND lease.run_lease = batch_items.run_lease
           )
     ),
     row_closed AS (
-        INSERT INTO {{schema}}.lease_claim_closures (claim_slot, job_id, run_lease, outcome, closed_at)
+        INSERT INTO {{schema}}.lease_claim_closures
+            (claim_slot, job_id, run_lease, outcome, closed_at)
         SELECT claim_slot, job_id, run_lease, $4::text, clock_timestamp()
         FROM row_claims
         ON CONFLICT (claim_slot, job_id, run_lease) DO NOTHING
@@ -329,7 +343,6 @@ SETTLE_SQL = f"""
           ON ready.ready_slot = taken.ready_slot
          AND ready.ready_generation = taken.ready_generation
          AND ready.queue = taken.queue
-         AND ready.priority = taken.priority
          AND ready.enqueue_shard = taken.enqueue_shard
          AND ready.lane_seq = taken.lane_seq
          AND ready.job_id = taken.job_id
@@ -407,7 +420,8 @@ SETTLE_SQL = f"""
             settled.*,
             clock_timestamp() AS settled_at,
             CASE WHEN settled.outcome = 'retryable'
-                 THEN clock_timestamp() + awa.backoff_duration(settled.attempt, settled.max_attempts)
+                 THEN clock_timestamp()
+                      + awa.backoff_duration(settled.attempt, settled.max_attempts)
                  ELSE settled.run_at END AS next_run_at,
             CASE WHEN settled.progress IS NULL THEN settled.base_payload
                  ELSE jsonb_set(settled.base_payload, '{{progress}}', settled.progress) END
@@ -436,7 +450,8 @@ SETTLE_SQL = f"""
         FROM settled
     ),
     receipt_row_closures AS (
-        INSERT INTO {{schema}}.lease_claim_closures (claim_slot, job_id, run_lease, outcome, closed_at)
+        INSERT INTO {{schema}}.lease_claim_closures
+            (claim_slot, job_id, run_lease, outcome, closed_at)
         SELECT claims.claim_slot, claims.job_id, claims.run_lease, '{OUTCOME_SETTLED}',
                clock_timestamp()
         FROM {{schema}}.lease_claims AS claims
@@ -455,20 +470,23 @@ SETTLE_SQL = f"""
           AND claims.run_lease = receipt_row_closures.run_lease
         RETURNING claims.job_id
     ),
+    settled_batch_items AS MATERIALIZED (
+        -- Each compact batch holding a settled attempt, unnested once.
+        SELECT claim_batches.claim_slot, claim_batches.ready_slot,
+               claim_batches.ready_generation, items.job_id, items.run_lease, items.receipt_id
+        FROM {{schema}}.lease_claim_batches AS claim_batches
+        CROSS JOIN LATERAL unnest(
+            claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids
+        ) AS items(job_id, run_lease, receipt_id)
+        WHERE claim_batches.job_ids && $3::bigint[]
+    ),
     open_batch_items AS (
         SELECT items.claim_slot, items.ready_slot, items.ready_generation, items.receipt_id
-        FROM {{schema}}.lease_claim_batches AS claim_batches
-        CROSS JOIN LATERAL (
-            SELECT claim_batches.claim_slot, claim_batches.ready_slot,
-                   claim_batches.ready_generation, unnested.*
-            FROM unnest(claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids)
-                AS unnested(job_id, run_lease, receipt_id)
-        ) AS items
+        FROM settled_batch_items AS items
         JOIN finished
           ON finished.job_id = items.job_id
          AND finished.run_lease = items.run_lease
-        WHERE claim_batches.job_ids && $3::bigint[]
-          AND NOT EXISTS (
+        WHERE NOT EXISTS (
               SELECT 1 FROM {{schema}}.lease_claim_closures AS closures
               WHERE closures.claim_slot = items.claim_slot
                 AND closures.job_id = items.job_id
@@ -567,6 +585,10 @@ SETTLE_SQL = f"""
 """
 
 
+#: Transaction-local: no JIT for the rescue statements.
+NO_JIT_SQL = "SET LOCAL jit = off"
+
+
 def sql_literal(text: str) -> str:
     """A constant (never user input) as an SQL string literal."""
     return "'" + text.replace("'", "''") + "'"
@@ -645,7 +667,9 @@ def drain_budget(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> float:
     return min(float(ctx.config.drain_time_budget), interval / 2)
 
 
-async def run_rescue(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> QueueStorageRescueResult:
+async def run_rescue(
+    ctx: MaintenanceContext, rescue: QueueStorageRescue
+) -> QueueStorageRescueResult:
     """One tick of a queue-storage rescue branch: drain in batches."""
     result = QueueStorageRescueResult()
     batch_size = int(ctx.config.rescue_batch_size)
@@ -674,6 +698,10 @@ async def rescue_batch(
 ) -> _BatchOutcome:
     """One batch in one transaction (the row-by-row fallback included)."""
     async with ctx.db.transaction() as conn:
+        # The planner prices these statements (subplans over every ring
+        # partition) above jit_above_cost; compiling them costs seconds,
+        # running them milliseconds.
+        await conn.execute(NO_JIT_SQL)
         taken: list[Any] = []
         try:
             async with conn.transaction():

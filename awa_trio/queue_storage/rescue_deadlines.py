@@ -24,10 +24,10 @@ from .rescue import (
     OUTCOME_DEADLINE_RECEIPT,
     QueueStorageRescue,
     QueueStorageRescueResult,
-    closed_evidence,
     completion_lock_key,
     in_schema,
     run_rescue,
+    still_open,
     take_leases_sql,
     take_receipts,
 )
@@ -58,7 +58,7 @@ LOCK_EXPIRED_RECEIPTS_SQL = f"""
           AND claims.deadline_at < clock_timestamp()
           AND claims.closed_at IS NULL
           AND ($2::bigint[] IS NULL OR claims.job_id = ANY($2::bigint[]))
-          AND NOT {closed_evidence("claims")}
+          AND {still_open("claims")}
           AND NOT EXISTS (
               SELECT 1 FROM {{schema}}.leases AS lease
               WHERE lease.job_id = claims.job_id AND lease.run_lease = claims.run_lease

@@ -27,10 +27,10 @@ from .rescue import (
     OUTCOME_STALE_RECEIPT,
     QueueStorageRescue,
     QueueStorageRescueResult,
-    closed_evidence,
     completion_lock_key,
     in_schema,
     run_rescue,
+    still_open,
     take_leases_sql,
     take_receipts,
 )
@@ -69,7 +69,7 @@ LOCK_STALE_RECEIPTS_SQL = f"""
           AND claims.claimed_at < {_CUTOFF}
           AND COALESCE(attempt.heartbeat_at, claims.claimed_at) < {_CUTOFF}
           AND ($3::bigint[] IS NULL OR claims.job_id = ANY($3::bigint[]))
-          AND NOT {closed_evidence("claims")}
+          AND {still_open("claims")}
           AND NOT EXISTS (
               SELECT 1 FROM {{schema}}.leases AS lease
               WHERE lease.job_id = claims.job_id AND lease.run_lease = claims.run_lease
@@ -91,7 +91,7 @@ LOCK_STALE_RECEIPTS_SQL = f"""
           AND COALESCE(attempt.heartbeat_at, claim_batches.claimed_at) < {_CUTOFF}
           AND ($3::bigint[] IS NULL OR claim_batches.job_ids && $3::bigint[])
           AND ($3::bigint[] IS NULL OR items.job_id = ANY($3::bigint[]))
-          AND NOT {closed_evidence("items", claim_slot="claim_batches.claim_slot")}
+          AND {still_open("items", claim_slot="claim_batches.claim_slot")}
           AND NOT EXISTS (
               SELECT 1 FROM {{schema}}.leases AS lease
               WHERE lease.job_id = items.job_id AND lease.run_lease = items.run_lease
@@ -119,16 +119,23 @@ LOCK_STALE_RECEIPTS_SQL = f"""
               {completion_lock_key("candidates.job_id", "candidates.run_lease")})
         FOR UPDATE OF claims SKIP LOCKED
     ),
+    locked_batches AS (
+        -- Each compact batch row is locked once, however many of its items are due.
+        SELECT claim_batches.claim_slot, claim_batches.batch_id
+        FROM {{schema}}.lease_claim_batches AS claim_batches
+        WHERE (claim_batches.claim_slot, claim_batches.batch_id) IN (
+            SELECT claim_slot, batch_id FROM candidates WHERE batch_id IS NOT NULL
+        )
+        FOR UPDATE SKIP LOCKED
+    ),
     batch_locked AS (
         SELECT candidates.claim_slot, candidates.job_id, candidates.run_lease
         FROM candidates
-        JOIN {{schema}}.lease_claim_batches AS claim_batches
-          ON claim_batches.claim_slot = candidates.claim_slot
-         AND claim_batches.batch_id = candidates.batch_id
-        WHERE candidates.batch_id IS NOT NULL
-          AND pg_catalog.pg_try_advisory_xact_lock(
+        JOIN locked_batches
+          ON locked_batches.claim_slot = candidates.claim_slot
+         AND locked_batches.batch_id = candidates.batch_id
+        WHERE pg_catalog.pg_try_advisory_xact_lock(
               {completion_lock_key("candidates.job_id", "candidates.run_lease")})
-        FOR UPDATE OF claim_batches SKIP LOCKED
     )
     SELECT claim_slot, job_id, run_lease FROM row_locked
     UNION ALL

@@ -68,6 +68,15 @@ CLAIM_OPEN_SQL = """
              unnest(batch.job_ids, batch.run_leases, batch.receipt_ids)
                  AS item(job_id, run_lease, receipt_id)
     ),
+    -- Receipts a compact closure names in its array and in its ranges both.
+    -- One hash of them beats a GiST probe per claim (10,000 claims: about
+    -- 30 ms against 130 ms, bench/bench_claim_prune.py).
+    closed_receipts AS (
+        SELECT receipt.id
+        FROM {lease_claim_closure_batches} AS closure_batch,
+             unnest(closure_batch.receipt_ids) AS receipt(id)
+        WHERE closure_batch.receipt_ranges @> receipt.id
+    ),
     unclosed AS (
         SELECT count(*) AS open_claims
         FROM claims
@@ -79,8 +88,7 @@ CLAIM_OPEN_SQL = """
                 AND closure.run_lease = claims.run_lease
           )
           AND NOT EXISTS (
-              SELECT 1 FROM {lease_claim_closure_batches} AS closure_batch
-              WHERE closure_batch.receipt_ranges @> claims.receipt_id
+              SELECT 1 FROM closed_receipts WHERE closed_receipts.id = claims.receipt_id
           )
     )
     SELECT CASE WHEN claimed > closed THEN claimed - closed

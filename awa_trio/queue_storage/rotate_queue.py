@@ -6,23 +6,34 @@ slot is empty; prune empties the oldest sealed slot with TRUNCATE (no dead
 tuples), after proving nothing in it is still needed, so the ring can come
 round again. Upstream: ``QueueStorage::rotate`` / ``prune_oldest`` (v0.6.1).
 
-One deliberate difference: upstream copies every failed row inside the
-failed-retention floor into the live slot on every lap, even when the ring
-has no traffic at all. Here a slot that holds nothing but such rows is left
-alone while the live slot has received no work (see :func:`prune`), so an
-idle ring rewrites nothing; under traffic both rewrite each row once a lap.
+Deliberate differences from upstream:
+
+* upstream copies every failed row inside the failed-retention floor into
+  the live slot once a lap (every slot_count - 1 rotations), even when the
+  ring has no traffic at all. Here a slot that holds nothing but such rows
+  is left alone while the live slot has received no work, and the ring parks
+  in front of it; an idle ring rewrites nothing. Rows past the floor by more
+  than one lap's time still make the prune run. Under traffic both rewrite
+  each row once a lap: the schema leaves no cheaper place for them (README);
+* a slot that is already empty is a Noop without locks (upstream truncates
+  it again, eight ACCESS EXCLUSIVE locks on hot partitions, every tick);
+* rotate and prune run READ COMMITTED whatever the database default, so the
+  gates after the lock wait see what committed during it.
+
+The queue ring has no rescue cursors to reset: those live on the claim ring.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from ..context import MaintenanceContext
 from ..db import Connection, QueryError
 from ..tracker import PruneOutcome
 from . import queue_ring as sql
 from .layout import schema_name
-from .rings import QUEUE_RING, PruneResult, RotateResult, RingTickResult, run_ring_tick
+from .rings import QUEUE_RING, PruneResult, RingTickResult, RotateResult, run_ring_tick
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +56,11 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
     schema = schema_name(ctx)
     async with ctx.db.transaction() as conn:
         await conn.execute(sql.READ_COMMITTED_SQL)
-        state = await conn.fetchrow(sql.LOCK_RING_STATE_SQL.format(schema=schema))
+        state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
         current, generation, slot_count = (
             int(state["current_slot"]), int(state["generation"]), int(state["slot_count"]))
         next_slot = (current + 1) % slot_count
-        busy = await conn.fetchrow(sql.children_busy_sql(schema, next_slot))
+        busy = await _fetch_one(conn, sql.children_busy_sql(schema, next_slot))
         blockers = {label: int(busy[label]) for label, _table in sql.QUEUE_SLOT_CHILDREN}
         if any(blockers.values()):
             return RotateResult(rotated=False, slot=next_slot, blockers=blockers)
@@ -60,6 +71,14 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
         if advanced is None:
             return RotateResult(rotated=False, slot=next_slot)
         return RotateResult(rotated=True, slot=next_slot, generation=generation + 1)
+
+
+async def _fetch_one(conn: Connection, query: str, *args: object) -> Any:
+    """The one row ``query`` always returns."""
+    row = await conn.fetchrow(query, *args)
+    if row is None:  # pragma: no cover - the queries above always return a row
+        raise RuntimeError(f"{NAME}: expected one row from {query.strip()[:60]!r}")
+    return row
 
 
 class _Blocked(Exception):
@@ -98,29 +117,20 @@ async def _prune_in_transaction(
     defer_idle_carry: bool,
 ) -> PruneResult:
     await conn.execute(sql.READ_COMMITTED_SQL)
-    state = await conn.fetchrow(sql.LOCK_RING_STATE_SQL.format(schema=schema))
+    state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
     current, slot_count = int(state["current_slot"]), int(state["slot_count"])
     target = await conn.fetchrow(sql.OLDEST_SEALED_SLOT_SQL.format(schema=schema), current)
     if target is None:
         return PruneResult(PruneOutcome.NOOP)
     slot, generation = int(target["slot"]), int(target["generation"])
 
-    busy = await conn.fetchrow(sql.children_busy_sql(schema, slot))
+    busy = await _fetch_one(conn, sql.children_busy_sql(schema, slot))
     if not any(busy.values()):
         # Already empty (pruned earlier, never used since): nothing to gain
         # from eight ACCESS EXCLUSIVE locks on hot partitions.
         return PruneResult(PruneOutcome.NOOP, slot=slot)
 
-    names = {
-        f"{key}_child": sql.child(schema, table, slot)
-        for key, table in (
-            ("ready", "ready_entries"), ("claim_attempt", "ready_claim_attempt_batches"),
-            ("done", "done_entries"), ("tombstone", "ready_tombstones"),
-            ("segment", "ready_segments"), ("receipt_batch", "receipt_completion_batches"),
-            ("receipt_tombstone", "receipt_completion_tombstones"),
-            ("delta", "queue_terminal_count_deltas"),
-        )
-    }
+    names = sql.child_placeholders(schema, slot)
 
     # Gates before any exclusive lock, so a busy slot never queues hot claim
     # reads behind a doomed TRUNCATE; checked again once the locks are held.
@@ -169,8 +179,8 @@ async def _prune_in_transaction(
                     schema=schema, buckets=sql.TERMINAL_COUNTER_BUCKETS, **names),
                 floor, current, live_generation)
 
-    folded = await conn.fetchrow(
-        sql.FOLD_INTO_ROLLUPS_SQL.format(schema=schema, **names), floor, floor > 0)
+    folded = await _fetch_one(
+        conn, sql.FOLD_INTO_ROLLUPS_SQL.format(schema=schema, **names), floor, floor > 0)
     await conn.execute(sql.TRUNCATE_SLOT_SQL.format(children=children))
     await conn.execute(sql.DELETE_SLOT_LIVE_COUNTS_SQL.format(schema=schema), slot)
     if carried:
@@ -192,8 +202,8 @@ async def _prune_in_transaction(
 async def _check_gates(
     conn: Connection, schema: str, slot: int, generation: int, names: dict[str, str]
 ) -> PruneResult | None:
-    gates = await conn.fetchrow(
-        sql.PRUNE_GATES_SQL.format(schema=schema, ready_child=names["ready_child"]),
+    gates = await _fetch_one(
+        conn, sql.PRUNE_GATES_SQL.format(schema=schema, ready_child=names["ready_child"]),
         slot, generation)
     for column, reason in (
         ("active_leases", sql.REASON_ACTIVE_LEASES),

@@ -17,10 +17,13 @@ new terminal rows: pending ready rows at or past a lane's claim cursor,
 active leases, claims not yet closed. It locks only the delta child, with a
 short lock_timeout (a held lock means Blocked, retried next tick).
 
-One difference from upstream: upstream folds the slot's current generation
-and then truncates the whole child, so delta rows of any other generation
-left in it would vanish unfolded. Here the child is truncated only when it
-holds nothing else; otherwise only the folded generation's rows are deleted.
+Differences from upstream: the horizon is checked again once the lock is
+held (upstream checks only before its lock wait and gates, so a snapshot
+taken meanwhile could still miss the folded rows); and upstream folds the
+slot's current generation, then truncates the whole child, so delta rows of
+any other generation left in it would vanish unfolded. Here the child is
+truncated only when it holds nothing else; otherwise only the folded
+generation's rows are deleted.
 """
 
 from __future__ import annotations
@@ -286,6 +289,10 @@ async def _rollup_slot_tx(conn: Connection, sql, slot: int, generation: int) -> 
         return _Slot(SlotOutcome.SKIPPED_ACTIVE, "active_leases")
     if await conn.fetchval(sql(UNCLOSED_CLAIMS_SQL), slot, generation):
         return _Slot(SlotOutcome.SKIPPED_ACTIVE, "unclosed_claims")
+    # Again, now that the lock is ours: a snapshot taken during the lock wait
+    # or the gates would miss the truncated rows just the same.
+    if await conn.fetchval(MVCC_PINNED_SQL):
+        return _Slot(SlotOutcome.SKIPPED_MVCC_PINNED)
 
     rows = await conn.fetchrow(sql(DELTA_ROWS_SQL), generation)
     if not rows["this_generation"]:

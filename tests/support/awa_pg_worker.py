@@ -8,9 +8,12 @@ retryable), ``hang-first`` (hang on attempt 1, complete on later attempts),
 ``callback`` (register an external callback of ``--callback-timeout-s`` and
 wait for it: the job parks in ``waiting_external``), ``callback-first``
 (callback on attempt 1, complete on later attempts).
-``--deadline-ms`` gives every queue a hard deadline per attempt.
+``--deadline-ms`` gives every queue a hard deadline per attempt;
+``--mute-rescue`` silences only this runtime's rescues (it still promotes
+should it lead), ``--mute-maintenance`` its promotion too.
 Prints ``READY`` once started, ``START <id> <attempt> <kind>`` when a handler
-begins and ``DONE <id> <attempt> <kind>`` when it completes, flushed at once.
+begins, ``WAITING <id> <attempt> <kind> <callback id>`` when it parks on a
+callback and ``DONE <id> <attempt> <kind>`` when it completes, flushed at once.
 SIGTERM shuts the runtime down gracefully.
 """
 
@@ -42,6 +45,8 @@ async def main() -> None:
     parser.add_argument("--callback-timeout-s", type=float, default=1.0)
     parser.add_argument("--mute-maintenance", action="store_true",
                         help="huge rescue/promote intervals, should this runtime ever lead")
+    parser.add_argument("--mute-rescue", action="store_true",
+                        help="huge rescue intervals only (promotion keeps running)")
     args = parser.parse_args()
 
     client = awa.AsyncClient(args.dsn)
@@ -79,6 +84,13 @@ async def main() -> None:
         muted = 10**10
         start_kwargs.update(
             promote_interval_ms=muted,
+            heartbeat_rescue_interval_ms=muted,
+            deadline_rescue_interval_ms=muted,
+            callback_rescue_interval_ms=muted,
+        )
+    if args.mute_rescue:
+        muted = 10**10
+        start_kwargs.update(
             heartbeat_rescue_interval_ms=muted,
             deadline_rescue_interval_ms=muted,
             callback_rescue_interval_ms=muted,

@@ -1,10 +1,12 @@
 """Real claims and leases on a queue-storage database, for ring tests.
 
-Also a small awa-pg worker (run this file as a script) whose handler
-registers a callback, which materialises the attempt into a ``leases`` row,
-then either hangs or returns: ``python qs_claims.py DSN KIND:QUEUE``. Job
-args ``{"hang": true}`` hang, anything else completes. Prints READY,
-``START <id>`` and ``DONE <id>`` lines like awa_pg_worker.py.
+Also a small awa-pg worker (run this file as a script):
+``python qs_claims.py DSN KIND:QUEUE [--plain] [--deadline-ms N]``. Its
+handler registers a callback, which materialises the attempt into a
+``leases`` row (unless ``--plain``), then hangs if the job's args say
+``{"hang": true}`` and completes otherwise. ``--deadline-ms 0`` makes the
+queue's claims compact (``lease_claim_batches``, no per-claim row). Prints
+READY, ``START <id>`` and ``DONE <id>`` lines like awa_pg_worker.py.
 """
 
 from __future__ import annotations
@@ -137,16 +139,41 @@ async def claim_closed(db, job_id: int) -> bool:
     )
 
 
+async def compact_claim_of(db, job_id: int):
+    """(claim_slot, receipt_id) of the job's compact claim, or None."""
+    return await db.fetchrow(
+        """
+        SELECT batch.claim_slot, item.receipt_id
+        FROM awa.lease_claim_batches AS batch,
+             unnest(batch.job_ids, batch.receipt_ids) AS item(job_id, receipt_id)
+        WHERE item.job_id = $1
+        """,
+        job_id,
+    )
+
+
+async def receipt_closed(db, receipt_id: int) -> bool:
+    return await db.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM awa.lease_claim_closure_batches WHERE receipt_ranges @> $1::bigint)",
+        receipt_id,
+    )
+
+
 async def claim_slot_of(db, job_id: int) -> int | None:
     return await db.fetchval("SELECT claim_slot FROM awa.lease_claims WHERE job_id = $1", job_id)
 
 
 @asynccontextmanager
-async def callback_worker(dsn: str, spec: str):
-    """An awa-pg worker running this file's callback handler for KIND:QUEUE."""
+async def callback_worker(dsn: str, spec: str, *, callback: bool = True,
+                          deadline_ms: int | None = None):
+    """An awa-pg worker running this file's handler for KIND:QUEUE."""
     from support.awa_pg import WorkerProcess
 
     argv = [sys.executable, str(THIS_SCRIPT), dsn, spec]
+    if not callback:
+        argv.append("--plain")
+    if deadline_ms is not None:
+        argv += ["--deadline-ms", str(deadline_ms)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     async with trio.open_nursery() as nursery:
         process = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, env=env)
@@ -164,28 +191,109 @@ async def callback_worker(dsn: str, spec: str):
 
 
 def _worker_main() -> None:
+    import argparse
+
     import awa
 
-    dsn, spec = sys.argv[1], sys.argv[2]
-    kind, _, queue = spec.partition(":")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dsn")
+    parser.add_argument("spec", help="KIND:QUEUE")
+    parser.add_argument("--plain", action="store_true", help="no callback, no leases row")
+    parser.add_argument("--deadline-ms", type=int, default=None)
+    args = parser.parse_args()
+    kind, _, queue = args.spec.partition(":")
 
     async def main() -> None:
-        client = awa.AsyncClient(dsn)
+        client = awa.AsyncClient(args.dsn)
 
         @client.task(dict, kind=kind, queue=queue)
         async def handle(job):
             print("START", job.id, flush=True)
-            await job.register_callback(timeout_seconds=3600)
+            if not args.plain:
+                await job.register_callback(timeout_seconds=3600)
             if job.args.get("hang"):
                 await asyncio.Event().wait()
             print("DONE", job.id, flush=True)
 
-        await client.start([{"name": queue, "max_workers": 4}], storage_transition_role="auto",
-                           poll_interval_ms=50)
+        queue_config = {"name": queue, "max_workers": 4}
+        if args.deadline_ms is not None:
+            queue_config["deadline_duration_ms"] = args.deadline_ms
+        await client.start([queue_config], storage_transition_role="auto", poll_interval_ms=50)
         print("READY", flush=True)
         await asyncio.Event().wait()
 
     asyncio.run(main())
+
+
+
+# --- synthetic claim-plane rows, for model-based tests ------------------------
+# Shaped as awa-pg writes them (see the ADR-023 shapes: row-local claims and
+# explicit closures, compact claim batches and compact closure batches).
+
+# DELETE, not TRUNCATE: truncating the whole partition tree costs seconds.
+RESET_CLAIM_PLANE_SQL = """
+    DELETE FROM awa.lease_claims;
+    DELETE FROM awa.lease_claim_batches;
+    DELETE FROM awa.lease_claim_closures;
+    DELETE FROM awa.lease_claim_closure_batches;
+    UPDATE awa.claim_ring_slots
+    SET generation = CASE WHEN slot = 0 THEN 0 ELSE -1 END,
+        rescue_cursor_claimed_at = '-infinity', rescue_cursor_job_id = 0,
+        rescue_cursor_run_lease = 0, deadline_cursor_deadline_at = '-infinity',
+        deadline_cursor_job_id = 0, deadline_cursor_run_lease = 0;
+"""
+
+SET_CLAIM_RING_SQL = """
+    UPDATE awa.claim_ring_state SET current_slot = 0, generation = 0, slot_count = $1
+"""
+
+ROW_CLAIM_SQL = """
+    INSERT INTO awa.lease_claims (
+        claim_slot, job_id, run_lease, ready_slot, ready_generation, queue,
+        priority, attempt, max_attempts, lane_seq, deadline_at
+    )
+    SELECT current_slot, $1, 1, 0, 0, 'model_q', 2, 1, 25, $1, now() + interval '5 minutes'
+    FROM awa.claim_ring_state
+    RETURNING claim_slot, receipt_id
+"""
+
+COMPACT_CLAIM_SQL = """
+    WITH ids AS (
+        SELECT array_agg(job_id ORDER BY job_id) AS job_ids,
+               array_agg(nextval('awa.lease_claim_receipt_id_seq') ORDER BY job_id) AS receipt_ids
+        FROM unnest($1::bigint[]) AS job_id
+    )
+    INSERT INTO awa.lease_claim_batches (
+        claim_slot, ready_slot, ready_generation, queue, priority, claimed_count,
+        job_ids, run_leases, receipt_ids, receipt_ranges, lane_seqs, attempts, max_attempts
+    )
+    SELECT state.current_slot, 0, 0, 'model_q', 2, cardinality(ids.job_ids),
+           ids.job_ids, array_fill(1::bigint, ARRAY[cardinality(ids.job_ids)]), ids.receipt_ids,
+           (SELECT range_agg(int8range(receipt, receipt + 1)) FROM unnest(ids.receipt_ids) AS receipt),
+           ids.job_ids, array_fill(1::smallint, ARRAY[cardinality(ids.job_ids)]),
+           array_fill(25::smallint, ARRAY[cardinality(ids.job_ids)])
+    FROM awa.claim_ring_state AS state, ids
+    RETURNING claim_slot, receipt_ids
+"""
+
+EXPLICIT_CLOSURE_SQL = """
+    INSERT INTO awa.lease_claim_closures (claim_slot, job_id, run_lease, outcome)
+    VALUES ($1, $2, 1, 'completed')
+    ON CONFLICT DO NOTHING
+"""
+
+CLOSURE_BATCH_SQL = """
+    INSERT INTO awa.lease_claim_closure_batches (
+        claim_slot, ready_slot, ready_generation, outcome, closed_count, receipt_ids, receipt_ranges
+    )
+    VALUES ($1, 0, 0, 'completed', 1, ARRAY[$2::bigint], int8multirange(int8range($2, $2 + 1)))
+"""
+
+CLAIMED_JOBS_SQL = """
+    SELECT claim_slot, job_id FROM awa.lease_claims
+    UNION ALL
+    SELECT claim_slot, unnest(job_ids) FROM awa.lease_claim_batches
+"""
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import threading
+from typing import Self
 
 import asyncpg
 import trio
@@ -15,7 +16,7 @@ FAR_FUTURE = dt.timedelta(hours=1)
 
 
 def future_run_at() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc) + FAR_FUTURE
+    return dt.datetime.now(dt.UTC) + FAR_FUTURE
 
 
 async def insert_scheduled(client, count: int, *, kind: str = "burst", queue: str = "burst",
@@ -30,10 +31,10 @@ async def insert_scheduled(client, count: int, *, kind: str = "burst", queue: st
         size = min(chunk, count - inserted)
         jobs = [{"n": inserted + i} for i in range(size)]
         if null_payload:
-            await trio.to_thread.run_sync(lambda: client.enqueue_many_copy(
+            await trio.to_thread.run_sync(lambda jobs=jobs: client.enqueue_many_copy(
                 jobs, kind=kind, queue=queue, priority=priority, run_at=run_at))
         else:
-            await trio.to_thread.run_sync(lambda: client.insert_many_copy(
+            await trio.to_thread.run_sync(lambda jobs=jobs: client.insert_many_copy(
                 jobs, kind=kind, queue=queue, priority=priority, run_at=run_at))
         inserted += size
     return inserted
@@ -109,7 +110,7 @@ class Listener:
 
         asyncio.run(main())
 
-    async def __aenter__(self) -> Listener:
+    async def __aenter__(self) -> Self:
         self._nursery_cm = trio.open_nursery()
         nursery = await self._nursery_cm.__aenter__()
         nursery.start_soon(lambda: trio.to_thread.run_sync(self._run))

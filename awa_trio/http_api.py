@@ -1,0 +1,152 @@
+"""Prometheus metrics, health and status over HTTP, served on Trio.
+
+``serve_http(service, "127.0.0.1:9464")`` runs a Hypercorn server (ASGI, with
+its Trio worker) inside the caller's nursery, so it stops with the service:
+
+* ``GET /metrics``: Prometheus exposition of the ``awa`` meter (upstream's
+  names, so Awa's Grafana dashboard and alert rules work unchanged) plus
+  ``awa_trio_*`` leader metrics, from the prometheus_client registry that
+  :func:`prometheus_meter_provider` feeds;
+* ``GET /livez``: 200 while the Trio loop answers;
+* ``GET /readyz``: 200 when the database answers and its schema is one
+  awa_trio maintains, leader or follower; 503 with the reason otherwise;
+* ``GET /status``: JSON: leadership, schema and storage state, and per
+  branch the tracker actor's snapshot (last run, duration, error, cooldown,
+  prune backoff), plus the hook queue depth.
+
+A small hand-written ASGI app: three routes need no framework.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from .service import MaintenanceService
+
+log = logging.getLogger(__name__)
+
+#: A readiness probe must answer quickly even when the database does not.
+READINESS_TIMEOUT = 2.0
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9464`` for IPv6) as (host, port)."""
+    from .errors import ConfigError
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"metrics_addr must be HOST:PORT, not {address!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def prometheus_meter_provider() -> MeterProvider:
+    """An SDK meter provider whose readings /metrics exposes."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    return MeterProvider(metric_readers=[PrometheusMetricReader()])
+
+
+class StatusApp:
+    """The ASGI application."""
+
+    def __init__(self, service: MaintenanceService):
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            await respond(send, 405, b"method not allowed\n", "text/plain")
+            return
+        path = scope["path"]
+        if path == "/livez":
+            await respond(send, 200, b"ok\n", "text/plain")
+        elif path == "/readyz":
+            ready, body = await self.readiness()
+            await respond_json(send, 200 if ready else 503, body)
+        elif path == "/status":
+            await respond_json(send, 200, await self.service.status())
+        elif path == "/metrics":
+            from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+            await respond(send, 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+        else:
+            await respond(send, 404, b"not found (try /metrics, /livez, /readyz, /status)\n",
+                          "text/plain")
+
+    async def readiness(self) -> tuple[bool, dict[str, Any]]:
+        from .db import DatabaseError
+        from .errors import UnsupportedSchema
+
+        body: dict[str, Any] = {"leader": self.service.is_leader}
+        try:
+            with trio.fail_after(READINESS_TIMEOUT):
+                schema = await self.service.check_database()
+        except trio.TooSlowError:
+            return False, {**body, "ready": False,
+                           "reason": f"database did not answer within {READINESS_TIMEOUT:g}s"}
+        except (DatabaseError, UnsupportedSchema) as exc:
+            return False, {**body, "ready": False, "reason": str(exc)}
+        return True, {**body, "ready": True, "schema_version": schema.version,
+                      "engine": schema.engine, "state": schema.state}
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def respond(send: Send, status: int, body: bytes, content_type: str) -> None:
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", content_type.encode()),
+                    (b"content-length", str(len(body)).encode())],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+async def respond_json(send: Send, status: int, document: Any) -> None:
+    body = (json.dumps(document, indent=2, default=str) + "\n").encode()
+    await respond(send, status, body, "application/json")
+
+
+async def serve_http(
+    service: MaintenanceService,
+    address: str,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled; reports the bound addresses when listening
+    (``127.0.0.1:0`` picks a free port)."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    host, port = parse_address(address)
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("awa_trio.http")
+    config.graceful_timeout = 1.0
+    await serve(StatusApp(service), config, task_status=task_status)  # type: ignore[arg-type]

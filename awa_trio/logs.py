@@ -1,0 +1,237 @@
+"""Logging for people and for machines: text or JSON lines, the branch and
+term of every record, no secrets, and one line per failure episode.
+
+* ``configure_logging(level, fmt, secrets)`` sets up the root handler (the
+  CLI calls it; an embedding application keeps its own logging and may add
+  :class:`ContextFilter`/:class:`SecretFilter` to its handlers).
+* The branch and leadership term of a record come from context variables,
+  which Trio copies into every task a branch or term spawns.
+* :class:`ConnectionEpisodeFilter` turns a run of connection failures (a
+  server restarting: every tick of every branch fails the same way) into one
+  warning when it starts and, from :func:`connection_recovered`, one line
+  when it ends.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Iterable
+from urllib.parse import unquote, urlsplit
+
+
+#: Name of the maintenance branch whose task logged the record.
+CURRENT_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "awa_trio_branch", default=None
+)
+#: Number of the leadership term (1, 2, ...) of this process, while leading.
+CURRENT_TERM: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "awa_trio_term", default=None
+)
+
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+REDACTED = "***"
+#: asyncpg's pool logs a whole traceback each time it fails to reconnect.
+_ASYNCPG_POOL_NOISE = "Failed to restore the pool connection floor"
+
+
+class ContextFilter(logging.Filter):
+    """Adds ``branch`` and ``term`` to every record (None outside them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "branch"):
+            record.branch = CURRENT_BRANCH.get()
+        if not hasattr(record, "term"):
+            record.term = CURRENT_TERM.get()
+        return True
+
+
+class SecretFilter(logging.Filter):
+    """Replaces each known secret (a password) in the rendered message and
+    traceback with ``***``."""
+
+    def __init__(self, secrets: Iterable[str]):
+        super().__init__()
+        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def scrub(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.secrets:
+            return True
+        message = record.getMessage()
+        scrubbed = self.scrub(message)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.scrub(record.exc_text)
+        if scrubbed != message:
+            record.msg, record.args = scrubbed, None
+        return True
+
+
+class AsyncpgPoolNoiseFilter(logging.Filter):
+    """asyncpg's pool logs a full traceback per failed reconnection while the
+    server is down; the failure episode is already reported by awa_trio, so
+    that becomes one debug line without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("asyncpg") and _ASYNCPG_POOL_NOISE in str(record.msg):
+            error = record.exc_info[1] if record.exc_info else None
+            record.msg = f"{_ASYNCPG_POOL_NOISE}: {error}" if error else _ASYNCPG_POOL_NOISE
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, branch, term
+    (and the traceback, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "branch": getattr(record, "branch", None),
+            "term": getattr(record, "term", None),
+        }
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            entry["exception"] = record.exc_text
+        return json.dumps(entry, default=str)
+
+
+def url_password(url: str) -> str | None:
+    """The password in a PostgreSQL URL (user:password@host), if any."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        match = re.search(r"://[^:/@]+:([^@]*)@", url)
+        password = match.group(1) if match else None
+    return unquote(password) if password else None
+
+
+def secrets_of(database_url: str, environ: dict[str, str] | os._Environ[str] = os.environ) -> list[str]:
+    """Everything that must never be printed: the URL's password (raw and
+    decoded) and PGPASSWORD."""
+    found = []
+    password = url_password(database_url)
+    if password:
+        found.append(password)
+        raw = re.search(r"://[^:/@]+:([^@]*)@", database_url)
+        if raw:
+            found.append(raw.group(1))
+    if environ.get("PGPASSWORD"):
+        found.append(environ["PGPASSWORD"])
+    return found
+
+
+def configure_logging(level: str, fmt: str = "text", secrets: Iterable[str] = ()) -> None:
+    """Root handler on stderr with the context, secret and noise filters."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.addFilter(ContextFilter())
+    handler.addFilter(AsyncpgPoolNoiseFilter())
+    handler.addFilter(ConnectionEpisodeFilter())
+    handler.addFilter(SecretFilter(secrets))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+#: What a lost or refused connection looks like in a log line, whichever
+#: branch or step wrote it (SQLSTATE class 08, admin shutdown, start-up).
+_CONNECTION_TROUBLE = re.compile(
+    r"\[08\w{3}\]|\[57P0[123]\]|connection (was|is) closed|connection refused|"
+    r"terminating connection|the database system is (starting up|shutting down)|"
+    r"ConnectionResetError|ConnectionRefusedError|connection lost|cannot switch to state|"
+    r"another operation .* is in progress",
+    re.IGNORECASE,
+)
+
+
+class ConnectionEpisodeFilter(logging.Filter):
+    """While a branch's connection is failing, only its first connection
+    error is a warning; the rest are debug until :func:`connection_recovered`
+    is called for it (the branch's next successful body), which logs one line.
+    Keyed by branch (from the context), else by logger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # A record reaching several handlers is judged once.
+        verdict = getattr(record, "_awa_trio_episode_verdict", None)
+        if verdict is None:
+            verdict = self._judge(record)
+            record._awa_trio_episode_verdict = verdict  # type: ignore[attr-defined]
+        return verdict
+
+    def _judge(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or record.levelno >= logging.CRITICAL:
+            return True
+        message = record.getMessage()
+        if not _CONNECTION_TROUBLE.search(message):
+            return True
+        key = getattr(record, "branch", None) or CURRENT_BRANCH.get() or record.name
+        episode = _OPEN_EPISODES.get(key)
+        if episode is None:
+            _OPEN_EPISODES[key] = _Episode(started=_now(), last_error=message, last_failure=_now())
+            record.msg = f"{message} (connection trouble; repeats are logged at debug until it recovers)"
+            record.args = None
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            return True
+        episode.failures += 1
+        episode.last_error = message
+        episode.last_failure = _now()
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.exc_info, record.exc_text = None, None
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+_OPEN_EPISODES: dict[str, "_Episode"] = {}
+
+
+def connection_recovered(key: str, logger: logging.Logger, *, since: float | None = None) -> None:
+    """Close ``key``'s connection-trouble episode, if one is open and had no
+    failure after ``since`` (when the work that just succeeded began)."""
+    episode = _OPEN_EPISODES.get(key)
+    if episode is None or (since is not None and episode.last_failure >= since):
+        return
+    del _OPEN_EPISODES[key]
+    logger.info("%s: database connection works again after %d failure%s in %.1fs",
+                key, episode.failures, "" if episode.failures == 1 else "s", _now() - episode.started)
+
+
+@dataclasses.dataclass
+class _Episode:
+    started: float
+    failures: int = 1
+    last_error: str = ""
+    last_failure: float = 0.0
+
+
+def _now() -> float:
+    return time.monotonic()

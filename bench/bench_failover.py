@@ -1,0 +1,453 @@
+"""Failover: awa_trio against upstream's leader (inside an awa-pg 0.6.1
+runtime), each on its own database, both on default settings.
+
+* SIGKILL takeover: a leader and a follower process run; the leader is
+  killed; time until pg_locks shows another holder of the leader lock
+  (polled every 5 ms). A new follower is started for the next run.
+* graceful handover: the leader gets SIGTERM; time until another holder.
+* mixed fleet: an awa-pg leader is killed with an awa_trio follower waiting.
+* follower CPU: user + system time of the follower process (from /proc)
+  over a window, as a share of one core. The awa-pg follower is a whole
+  runtime (one idle queue), which it cannot run without.
+
+``--designs`` first measures the follower mechanisms considered (plain
+asyncpg, one follower, the lock held by another session): a blocking
+``pg_advisory_lock``; ``pg_advisory_lock`` under a 200 ms ``lock_timeout``;
+a ``pg_try_advisory_lock`` poll. For each: takeover after the holder's
+backend dies, how often the follower holds a snapshot and how old
+(pg_stat_activity sampled at 20 Hz), how often it waits on a lock, and how
+many ERROR lines per second it writes to the server log; then awa_trio's
+follower CPU at three poll intervals.
+
+Linux only (/proc). Needs awa-pg (the test extra) and a local PostgreSQL.
+
+    python bench/bench_failover.py [--server postgresql://postgres@localhost:5432]
+        [--runs 20] [--graceful-runs 5] [--mixed-runs 10] [--cpu-seconds 60] [--designs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+import asyncpg
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOCK_KEY = 4708303813012965710
+
+AWA_PG_RUNTIME = r"""
+import asyncio, signal, sys, awa
+async def main():
+    client = awa.AsyncClient(sys.argv[1])
+    @client.task(dict, kind="bench_idle", queue="bench_idle")
+    async def idle(job):
+        pass
+    await client.start([("bench_idle", 1)], storage_transition_role="canonical_drain")
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await client.shutdown(timeout_ms=2000)
+asyncio.run(main())
+"""
+
+LOCK_HOLDERS_SQL = """
+    SELECT coalesce(array_agg(pid ORDER BY pid), '{}') FROM pg_locks
+    WHERE locktype = 'advisory' AND granted
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND (classid::bigint << 32 | objid::bigint) = 4708303813012965710 AND objsubid = 1
+"""
+
+
+def start_process(kind: str, dsn: str, *flags: str) -> subprocess.Popen:
+    if kind == "awa_trio":
+        argv = [sys.executable, "-m", "awa_trio", "--database-url", dsn, "--log-level", "WARNING",
+                *flags]
+    else:
+        argv = [sys.executable, "-c", AWA_PG_RUNTIME, dsn]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process, from /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+async def holders(conn) -> list[int]:
+    return list(await conn.fetchval(LOCK_HOLDERS_SQL))
+
+
+async def wait_for_holder(conn, not_in: list[int], timeout: float = 60.0, poll: float = 0.005) -> float:
+    deadline = time.perf_counter() + timeout
+    while True:
+        current = await holders(conn)
+        if current and not set(current) & set(not_in):
+            return time.perf_counter()
+        if time.perf_counter() > deadline:
+            raise TimeoutError("no new holder of the leader lock")
+        await asyncio.sleep(poll)
+
+
+async def backends(conn) -> int:
+    return await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid()")
+
+
+#: Each follower's default poll period: awa_trio's takeover_poll_interval,
+#: awa-pg's leader_election_interval.
+FOLLOWER_POLL = {"awa_trio": 0.25, "awa-pg": 10.0}
+ELECTION_BACKENDS_SQL = """
+    SELECT count(*) FROM pg_stat_activity
+    WHERE datname = current_database() AND application_name = 'awa_trio leader lock'
+"""
+
+
+async def follower_ready(conn, kind: str, backends_before: int, *, awa_trio_candidates: int = 2,
+                         timeout: float = 60.0) -> None:
+    """awa_trio: its election connection is open (``awa_trio_candidates``
+    of them in the database, the leader's included). awa-pg, which elects on pooled connections: one more
+    backend, then 1 s for the runtime's first attempt."""
+    deadline = time.perf_counter() + timeout
+    if kind == "awa_trio":
+        while await conn.fetchval(ELECTION_BACKENDS_SQL) < awa_trio_candidates:
+            if time.perf_counter() > deadline:
+                raise TimeoutError("the awa_trio follower did not start")
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # past its first try
+        return
+    while await backends(conn) <= backends_before:
+        if time.perf_counter() > deadline:
+            raise TimeoutError("the awa-pg follower did not start")
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(1.0)
+
+
+async def failover_runs(kind: str, dsn: str, runs: int, graceful_runs: int) -> dict[str, list[float]]:
+    """SIGKILL then SIGTERM of the current leader, a fresh follower each time."""
+    conn = await asyncpg.connect(dsn)
+    results: dict[str, list[float]] = {"sigkill": [], "graceful": []}
+    leader = start_process(kind, dsn)
+    follower = None
+    try:
+        await wait_for_holder(conn, [], timeout=60)
+        for number in range(runs + graceful_runs):
+            before = await backends(conn)
+            follower = start_process(kind, dsn)
+            await follower_ready(conn, kind, before)
+            # Kill at a random phase of the follower's poll, as a crash would.
+            await asyncio.sleep(random.uniform(0, FOLLOWER_POLL[kind]))
+            old = await holders(conn)
+            graceful = number >= runs
+            began = time.perf_counter()
+            leader.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+            took = await wait_for_holder(conn, old, timeout=60) - began
+            results["graceful" if graceful else "sigkill"].append(took)
+            stop(leader)
+            leader, follower = follower, None
+    finally:
+        stop(leader)
+        if follower is not None:
+            stop(follower)
+        await conn.close()
+    return results
+
+
+async def mixed_runs(dsn: str, runs: int) -> list[float]:
+    """An awa-pg leader SIGKILLed with an awa_trio follower waiting."""
+    conn = await asyncpg.connect(dsn)
+    took: list[float] = []
+    try:
+        for number in range(runs):
+            leader = start_process("awa-pg", dsn)
+            follower = None
+            try:
+                await wait_for_holder(conn, [], timeout=60)
+                follower = start_process("awa_trio", dsn)
+                await follower_ready(conn, "awa_trio", 0, awa_trio_candidates=1)
+                await asyncio.sleep(random.uniform(0, FOLLOWER_POLL["awa_trio"]))
+                old = await holders(conn)
+                began = time.perf_counter()
+                leader.send_signal(signal.SIGKILL)
+                took.append(await wait_for_holder(conn, old, timeout=60) - began)
+            finally:
+                stop(leader)
+                if follower is not None:
+                    follower.terminate()
+                    try:
+                        follower.wait(10)
+                    except subprocess.TimeoutExpired:
+                        follower.kill()
+            deadline = time.perf_counter() + 10
+            while await holders(conn) and time.perf_counter() < deadline:
+                await asyncio.sleep(0.01)
+    finally:
+        await conn.close()
+    return took
+
+
+async def follower_cpu(pairs: list[tuple[str, str, tuple[str, ...]]], seconds: float) -> list[float]:
+    """Share of a core used by each follower over the same window."""
+    started: list[tuple[subprocess.Popen, subprocess.Popen]] = []
+    try:
+        for kind, dsn, flags in pairs:
+            conn = await asyncpg.connect(dsn)
+            leader = start_process(kind, dsn, *flags)
+            await wait_for_holder(conn, [], timeout=60)
+            await conn.close()
+            started.append((leader, start_process(kind, dsn, *flags)))
+        await asyncio.sleep(5.0)  # start-up is not following
+        before = [cpu_seconds(follower.pid) for _, follower in started]
+        await asyncio.sleep(seconds)
+        return [(cpu_seconds(follower.pid) - b) / seconds for (_, follower), b in zip(started, before)]
+    finally:
+        for leader, follower in started:
+            stop(follower)
+            stop(leader)
+
+
+# -- design options ---------------------------------------------------------
+
+SNAPSHOT_SQL = """
+    SELECT backend_xmin IS NOT NULL AS pinned,
+           coalesce(extract(epoch FROM clock_timestamp() - xact_start), 0)::float8 AS age,
+           wait_event_type = 'Lock' AS lock_wait
+    FROM pg_stat_activity WHERE pid = $1
+"""
+DESIGN_KEY = 77_000_001
+
+
+async def _blocking(conn, got, resume, errors):
+    while True:
+        await conn.fetchval("SELECT pg_advisory_lock($1)", DESIGN_KEY)
+        got.set()
+        await resume.wait()
+        resume.clear()
+
+
+async def _short_waits(conn, got, resume, errors):
+    await conn.execute("SET lock_timeout = '200ms'")
+    while True:
+        try:
+            await conn.fetchval("SELECT pg_advisory_lock($1)", DESIGN_KEY)
+        except asyncpg.LockNotAvailableError:
+            errors.append(1)  # one ERROR (and STATEMENT) line in the server log
+            continue
+        got.set()
+        await resume.wait()
+        resume.clear()
+
+
+def _poll(interval: float):
+    async def loop(conn, got, resume, errors):
+        while True:
+            if await conn.fetchval("SELECT pg_try_advisory_lock($1)", DESIGN_KEY):
+                got.set()
+                await resume.wait()
+                resume.clear()
+            await asyncio.sleep(interval)
+    return loop
+
+
+async def measure_design(dsn: str, follow, runs: int = 10, sample_seconds: float = 5.0) -> dict:
+    admin = await asyncpg.connect(dsn)
+    holder = await asyncpg.connect(dsn)
+    assert await holder.fetchval("SELECT pg_try_advisory_lock($1)", DESIGN_KEY)
+    follower = await asyncpg.connect(dsn)
+    got, resume, errors = asyncio.Event(), asyncio.Event(), []
+    task = asyncio.create_task(follow(follower, got, resume, errors))
+    try:
+        await asyncio.sleep(0.3)
+        samples, pinned, oldest, lock_waits = 0, 0, 0.0, 0
+        errors.clear()
+        end = time.perf_counter() + sample_seconds
+        while time.perf_counter() < end:
+            row = await admin.fetchrow(SNAPSHOT_SQL, follower.get_server_pid())
+            samples += 1
+            pinned += row["pinned"]
+            lock_waits += bool(row["lock_wait"])
+            if row["pinned"]:
+                oldest = max(oldest, row["age"])
+            await asyncio.sleep(0.05)
+        error_rate = len(errors) / sample_seconds
+        takeovers = []
+        for number in range(runs):
+            began = time.perf_counter()
+            holder.terminate()
+            await got.wait()
+            takeovers.append(time.perf_counter() - began)
+            await asyncio.sleep(0.01)
+            got.clear()
+            await follower.execute("SELECT pg_advisory_unlock($1)", DESIGN_KEY)
+            holder = await asyncpg.connect(dsn)
+            assert await holder.fetchval("SELECT pg_try_advisory_lock($1)", DESIGN_KEY)
+            resume.set()
+            await asyncio.sleep(0.2 + 0.037 * number)
+    finally:
+        task.cancel()
+        for conn in (holder, follower, admin):
+            conn.terminate()
+    return {
+        "p50": statistics.median(takeovers), "max": max(takeovers),
+        "pinned": pinned / samples, "oldest": oldest, "lock_waits": lock_waits / samples,
+        "errors": error_rate,
+    }
+
+
+async def designs(server: str, template: str, cpu_seconds_each: float) -> None:
+    dsn = await create_database(server, template)
+    try:
+        print("follower designs (plain asyncpg; lock held by another session, whose backend is then "
+              "terminated; 20 Hz pg_stat_activity samples)")
+        print(f"{'design':<38}{'takeover p50':>13}{'max':>8}{'snapshot held':>15}{'oldest':>9}"
+              f"{'lock wait':>11}{'ERROR lines/s':>15}")
+        for label, follow in (("blocking pg_advisory_lock", _blocking),
+                              ("pg_advisory_lock, lock_timeout 200ms", _short_waits),
+                              ("pg_try_advisory_lock every 100 ms", _poll(0.1)),
+                              ("pg_try_advisory_lock every 250 ms", _poll(0.25))):
+            r = await measure_design(dsn, follow)
+            print(f"{label:<38}{r['p50'] * 1000:>10.0f} ms{r['max'] * 1000:>5.0f} ms"
+                  f"{r['pinned'] * 100:>14.0f}%{r['oldest']:>8.2f}s{r['lock_waits'] * 100:>10.0f}%"
+                  f"{r['errors']:>15.1f}")
+    finally:
+        await drop_database(server, dsn)
+    intervals = ("100ms", "250ms", "1s")
+    dsns = [await create_database(server, template) for _ in intervals]
+    try:
+        shares = await follower_cpu(
+            [("awa_trio", dsn, ("--takeover-poll-interval", interval))
+             for dsn, interval in zip(dsns, intervals)], cpu_seconds_each)
+        print(f"\nawa_trio follower CPU by takeover_poll_interval ({cpu_seconds_each:.0f} s, same window)")
+        for interval, share in zip(intervals, shares):
+            print(f"  {interval:>6}: {share * 100:.2f} % of a core")
+    finally:
+        for dsn in dsns:
+            await drop_database(server, dsn)
+    print()
+
+
+# -- databases ---------------------------------------------------------------
+
+async def make_template(server: str) -> str:
+    import awa
+
+    name = f"awa_trio_failover_tpl_{os.getpid()}"
+    admin = await asyncpg.connect(f"{server}/postgres")
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await awa.AsyncClient(f"{server}/{name}").migrate()
+    await admin.execute(
+        f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' "
+        "AND pid <> pg_backend_pid()")
+    await admin.close()
+    return name
+
+
+async def create_database(server: str, template: str) -> str:
+    name = f"awa_trio_failover_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(f"{server}/postgres")
+    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    await admin.close()
+    return f"{server}/{name}"
+
+
+async def drop_database(server: str, dsn_or_name: str) -> None:
+    name = dsn_or_name.rsplit("/", 1)[-1]
+    admin = await asyncpg.connect(f"{server}/postgres")
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", default="postgresql://postgres@localhost:5432")
+    parser.add_argument("--runs", type=int, default=20, help="SIGKILL runs per leader")
+    parser.add_argument("--graceful-runs", type=int, default=5)
+    parser.add_argument("--mixed-runs", type=int, default=10,
+                        help="awa-pg leader SIGKILLed, awa_trio follower")
+    parser.add_argument("--cpu-seconds", type=float, default=60.0)
+    parser.add_argument("--designs", action="store_true", help="measure the follower designs first")
+    parser.add_argument("--skip-upstream", action="store_true",
+                        help="awa_trio rows only (upstream's take ~10 s per run)")
+    args = parser.parse_args()
+
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
+    template = await make_template(args.server)
+    try:
+        if args.designs:
+            await designs(args.server, template, min(args.cpu_seconds, 30.0))
+        results = {}
+        kinds = ("awa_trio",) if args.skip_upstream else ("awa_trio", "awa-pg")
+        for kind in kinds:
+            dsn = await create_database(args.server, template)
+            try:
+                results[kind] = await failover_runs(kind, dsn, args.runs, args.graceful_runs)
+            finally:
+                await drop_database(args.server, dsn)
+        dsn = await create_database(args.server, template)
+        try:
+            mixed = await mixed_runs(dsn, args.mixed_runs)
+        finally:
+            await drop_database(args.server, dsn)
+        dsns = {kind: await create_database(args.server, template) for kind in kinds}
+        try:
+            shares = await follower_cpu([(kind, dsn, ()) for kind, dsn in dsns.items()], args.cpu_seconds)
+        finally:
+            for dsn in dsns.values():
+                await drop_database(args.server, dsn)
+    finally:
+        await drop_database(args.server, template)
+
+    cpu = dict(zip(kinds, shares))
+    if args.skip_upstream:
+        results["awa-pg"], cpu["awa-pg"] = {"sigkill": [float("nan")], "graceful": [float("nan")]}, float("nan")
+    rows = [
+        (f"SIGKILL takeover p50 ({args.runs} runs)", "sigkill", statistics.median, "s"),
+        ("SIGKILL takeover p95", "sigkill", lambda v: percentile(v, 0.95), "s"),
+        ("SIGKILL takeover max", "sigkill", max, "s"),
+        (f"graceful handover p50 ({args.graceful_runs} runs)", "graceful", statistics.median, "s"),
+        ("graceful handover max", "graceful", max, "s"),
+    ]
+    print("default settings for both; times from the signal to another holder in pg_locks")
+    print(f"{'':<40}{'awa-pg 0.6.1':>14}{'awa_trio':>12}{'ratio':>9}")
+    for label, key, reduce, _unit in rows:
+        upstream, ours = reduce(results["awa-pg"][key]), reduce(results["awa_trio"][key])
+        print(f"{label:<40}{upstream:>13.3f}s{ours:>11.3f}s{upstream / ours:>8.1f}x")
+    print(f"{f'follower CPU, % of a core ({args.cpu_seconds:.0f} s)':<40}"
+          f"{cpu['awa-pg'] * 100:>13.2f}%{cpu['awa_trio'] * 100:>11.2f}%"
+          f"{(cpu['awa-pg'] / cpu['awa_trio']) if cpu['awa_trio'] else float('inf'):>8.1f}x")
+    print("ratio = awa-pg / awa_trio (higher: awa_trio faster or cheaper); "
+          f"load average at the end: {os.getloadavg()[0]:.2f}")
+    print("awa_trio SIGKILL takeovers, sorted (s): "
+          + " ".join(f"{v:.3f}" for v in sorted(results["awa_trio"]["sigkill"])))
+    print(f"\nmixed fleet: awa-pg leader SIGKILLed, awa_trio follower takes over ({args.mixed_runs} runs): "
+          f"p50 {statistics.median(mixed):.3f}s, p95 {percentile(mixed, 0.95):.3f}s, max {max(mixed):.3f}s")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,148 @@
+"""Logs: JSON lines with branch and term, no secret anywhere, one line per
+failure episode instead of a traceback per retry."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import trio
+
+from awa_trio.logs import JsonFormatter, SecretFilter, secrets_of
+
+PASSWORD = "s3cr3t-Pa55"
+
+
+def with_password(url: str, password: str = PASSWORD) -> str:
+    parts = urlsplit(url)
+    netloc = f"{parts.username or 'postgres'}:{password}@{parts.hostname}:{parts.port or 5432}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def run_cli(*args: str, env: dict | None = None, seconds: float = 4.0) -> tuple[int, str]:
+    """Run the CLI for a few seconds (then SIGINT); stdout+stderr."""
+    process = subprocess.Popen([sys.executable, "-m", "awa_trio", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ, **(env or {})))
+    try:
+        time.sleep(seconds)
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, out
+
+
+async def test_json_lines_carry_branch_and_term(database_url):
+    code, out = await trio.to_thread.run_sync(lambda: run_cli(
+        "--database-url", database_url, "--log-format", "json", "--log-level", "DEBUG",
+        "--promote-interval", "50ms", "--leader-election-interval", "200ms",
+        "--periodic-job", "tick=* * * * *;kind=tick"))
+    assert code == 0, out
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert records and len(records) == len([l for l in out.splitlines() if l.strip()]), out[:2000]
+    assert {"time", "level", "logger", "message", "branch", "term"} <= set(records[0])
+    in_branches = {r["branch"] for r in records if r["branch"] and r["term"] == 1}
+    assert "cron_sync" in in_branches, [r for r in records if r["branch"]][:10]
+    elected = [r for r in records if r["message"].startswith("elected maintenance leader")]
+    assert elected and elected[0]["branch"] is None
+
+
+async def test_no_password_reaches_logs_errors_or_help(database_url):
+    url = with_password(database_url)
+    # Trust auth accepts any password, so the service runs; the password is
+    # in the URL and in PGPASSWORD.
+    code, out = await trio.to_thread.run_sync(lambda: run_cli(
+        "--database-url", url, "--log-level", "DEBUG", env={"PGPASSWORD": "pg-Env-Secret"}))
+    assert code == 0 and "elected maintenance leader" in out, out[-2000:]
+    assert PASSWORD not in out and "pg-Env-Secret" not in out
+    # An unreachable server: the error names the URL without its password.
+    bad = with_password("postgresql://postgres@127.0.0.1:1/awa")
+    failed = await trio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "awa_trio", "--database-url", bad], capture_output=True, text=True,
+        timeout=60, env=dict(os.environ, PGPASSWORD="pg-Env-Secret")))
+    assert failed.returncode == 1
+    assert "postgres:***@127.0.0.1:1" in failed.stderr
+    assert PASSWORD not in failed.stderr + failed.stdout
+    helped = await trio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "awa_trio", "--help"], capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, AWA_DATABASE_URL=bad, PGPASSWORD="pg-Env-Secret")))
+    assert PASSWORD not in helped.stdout and "pg-Env-Secret" not in helped.stdout
+
+
+def test_secret_filter_scrubs_messages_and_tracebacks():
+    scrubber = SecretFilter(secrets_of("postgresql://u:p%40ss@h/db", {"PGPASSWORD": "envpw"}))
+    assert set(scrubber.secrets) == {"p@ss", "p%40ss", "envpw"}
+    try:
+        raise ValueError("could not connect with p@ss")
+    except ValueError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "dsn %s and %s", (
+            "postgresql://u:p%40ss@h/db", "envpw"), sys.exc_info())
+    scrubber.filter(record)
+    text = JsonFormatter().format(record)
+    assert "p@ss" not in text and "p%40ss" not in text and "envpw" not in text
+    assert "postgresql://u:***@h/db" in text
+
+
+def test_a_connection_episode_is_one_warning_and_one_recovery_line(caplog):
+    from awa_trio.logs import CURRENT_BRANCH, ConnectionEpisodeFilter, connection_recovered
+
+    caplog.set_level(logging.DEBUG)
+    caplog.handler.addFilter(ConnectionEpisodeFilter())
+    logger = logging.getLogger("awa_trio.test")
+    token = CURRENT_BRANCH.set("cleanup")
+    try:
+        for _ in range(50):
+            logger.error("cleanup: step failed: [57P03] the database system is starting up")
+        logger.error("cleanup: step failed: [42P01] relation does not exist")  # not connection trouble
+        started = time.monotonic()
+        logger.error("cleanup: step failed: [08006] connection lost")  # during the next body
+        connection_recovered("cleanup", logger, since=started)  # that body failed: still open
+        connection_recovered("cleanup", logger, since=time.monotonic())
+        connection_recovered("cleanup", logger, since=time.monotonic())  # nothing open
+    finally:
+        CURRENT_BRANCH.reset(token)
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    infos = [r for r in caplog.records if r.levelno == logging.INFO]
+    assert [r.levelname for r in loud] == ["WARNING", "ERROR"]
+    assert "[42P01]" in loud[1].getMessage()
+    assert len(infos) == 1 and "after 51 failures" in infos[0].getMessage()
+
+
+async def test_server_restart_is_one_episode_without_asyncpg_tracebacks(database_url, caplog):
+    """Every pooled backend is terminated repeatedly (as a restarting server
+    does): each branch logs one warning and one recovery, never a traceback."""
+    from awa_trio import MaintenanceConfig, MaintenanceService
+    from awa_trio.db import open_database
+    from awa_trio.logs import AsyncpgPoolNoiseFilter, ConnectionEpisodeFilter
+
+    caplog.set_level(logging.DEBUG)
+    caplog.handler.addFilter(AsyncpgPoolNoiseFilter())
+    caplog.handler.addFilter(ConnectionEpisodeFilter())
+    service = MaintenanceService(database_url, MaintenanceConfig(
+        promote_interval=0.02, leader_election_interval=0.2, leader_check_interval=5))
+    async with open_database(database_url) as admin, trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await service.wait_until_leader()
+        for _ in range(10):
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                "current_database() AND application_name NOT LIKE '%lock' AND pid <> pg_backend_pid()")
+            await trio.sleep(0.05)
+        await trio.sleep(1.0)
+        nursery.cancel_scope.cancel()
+    promote = [r for r in caplog.records if r.getMessage().startswith("promote_scheduled")]
+    warnings = [r for r in promote if r.levelno >= logging.WARNING]
+    recovered = [r for r in promote if "connection works again" in r.getMessage()]
+    # Ten terminations in half a second: at most one warning and one recovery
+    # line per episode, never one per failed tick, never a traceback.
+    assert 1 <= len(warnings) <= 10 and len(recovered) >= len(warnings) - 1
+    assert all(r.levelno == logging.WARNING for r in warnings), [r.getMessage() for r in warnings]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.exc_info]
