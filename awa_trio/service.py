@@ -77,7 +77,8 @@ class MaintenanceService:
         self._state = LeadershipState()
         self._scope: trio.CancelScope | None = None
         self._elector: LeaderElector | None = None
-        #: Filled in by run() once the schema has been checked.
+        #: Filled in by run() once the schema has been checked, then kept current
+        #: by the leader (term starts and storage state changes).
         self.schema: SchemaInfo | None = None
         self.branches: tuple[BranchSpec, ...] = ()
         #: ``HOST:PORT`` of the metrics/health/status server (None: no server).
@@ -186,6 +187,10 @@ class MaintenanceService:
         self.branches = tuple(branches)
         self._tracker = tracker
 
+    def _on_storage_seen(self, schema: SchemaInfo) -> None:
+        """A change that keeps the branch set (canonical -> prepared)."""
+        self.schema = schema
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until stop() or cancellation. Startup errors (bad URL,
         unreachable server, unsupported schema) are raised before
@@ -233,7 +238,7 @@ class MaintenanceService:
                     self._term_started_at = time.time()
                     await run_leader_term(
                         ctx, self._select_branches, on_term_start=self._on_term_start,
-                        task_status=task_status,
+                        on_storage_seen=self._on_storage_seen, task_status=task_status,
                     )
 
                 elector = self._elector = LeaderElector(db, self.config, self._state, lead)

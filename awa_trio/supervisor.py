@@ -63,6 +63,7 @@ async def run_leader_term(
     select_branches: BranchSelector,
     *,
     on_term_start: Callable[[SchemaInfo, Sequence[BranchSpec], TrackerClient], None] | None = None,
+    on_storage_seen: Callable[[SchemaInfo], None] | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Lead until cancelled, one term per storage state."""
@@ -73,7 +74,7 @@ async def run_leader_term(
         branches = select_branches(schema)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_schema, term_ctx)
+                nursery.start_soon(watch_schema, term_ctx, on_storage_seen)
                 tracker = await nursery.start(run_tracker, ctx.metrics)
                 branch_ctx = dataclasses.replace(term_ctx, tracker=tracker)
                 if on_term_start is not None:
@@ -120,7 +121,12 @@ async def check_schema_unchanged(
     return info
 
 
-async def watch_schema(ctx: MaintenanceContext) -> None:
+async def watch_schema(
+    ctx: MaintenanceContext, on_storage_seen: Callable[[SchemaInfo], None] | None = None
+) -> None:
+    """Poll the storage state; a move to another branch set ends the term
+    (StorageMoved), any other change is logged and reported to
+    ``on_storage_seen``."""
     period = min(ctx.config.leader_check_interval, STORAGE_POLL_INTERVAL)
     known = ctx.schema
     while True:
@@ -138,4 +144,6 @@ async def watch_schema(ctx: MaintenanceContext) -> None:
             # routing flips the same branches serve it.
             log.info("storage state changed from %s to %s; the branches stay the same",
                      known.state, info.state)
+        if info != known and on_storage_seen is not None:
+            on_storage_seen(info)
         known = info

@@ -216,9 +216,9 @@ def branch_names(service: MaintenanceService) -> set[str]:
     return {spec.name for spec in service.branches}
 
 
-async def wait_for_term(service: MaintenanceService, state: str) -> None:
+async def wait_for_state(service: MaintenanceService, state: str) -> None:
     await wait_until(lambda: service.schema is not None and service.schema.state == state,
-                     f"awa_trio running a term on {state}", timeout=15)
+                     f"awa_trio leading on {state}", timeout=15)
 
 
 async def snapshot_reported(db, worker: WorkerProcess, capability: str) -> bool:
@@ -268,6 +268,7 @@ async def test_staged_transition_with_awa_pg_loses_no_job(database_url, db, awa_
             await wait_until(lambda: started(fleet, hanging, doomed), "the hanging job claimed")
             # Prepared changes no branch: the canonical term simply goes on.
             assert await db.fetchval(STATE_SQL) == "prepared"
+            await wait_for_state(first, "prepared")
             assert "storage moved" not in caplog.text
             assert "priority_aging" in branch_names(first)
 
@@ -275,7 +276,7 @@ async def test_staged_transition_with_awa_pg_loses_no_job(database_url, db, awa_
             with pytest.raises(QueryError, match="only allowed from mixed_transition"):
                 await db.fetchval(FINALIZE_SQL)
             assert await db.fetchval(ENTER_MIXED_SQL) == "mixed_transition"
-            await wait_for_term(first, "mixed_transition")
+            await wait_for_state(first, "mixed_transition")
             assert "canonical_drain" in branch_names(first)
             assert "priority_aging" not in branch_names(first)
             assert first.lock_backend_pid == first_lock
@@ -318,7 +319,7 @@ async def test_staged_transition_with_awa_pg_loses_no_job(database_url, db, awa_
 
             # --- finalize: queue storage only; awa_trio drops the canonical drain.
             assert await db.fetchval(FINALIZE_SQL) == "active"
-            await wait_for_term(second, "active")
+            await wait_for_state(second, "active")
             assert "canonical_drain" not in branch_names(second)
             assert "rotate_queue" in branch_names(second) or "rotate_queue" in PENDING_BRANCHES
             assert second.lock_backend_pid == second_lock
