@@ -223,7 +223,9 @@ class MaintenanceConfig:
 
     # Leadership.
     leader_election_interval: float = setting(
-        DEFAULT_LEADER_ELECTION_INTERVAL, INTERVAL, "How often a follower retries the leader lock.")
+        DEFAULT_LEADER_ELECTION_INTERVAL, INTERVAL,
+        "How long a node waits after a failed election attempt or leadership term before it "
+        "tries again (healthy followers poll every takeover_poll_interval).")
     leader_check_interval: float = setting(
         DEFAULT_LEADER_CHECK_INTERVAL, INTERVAL, "How often the leader verifies it still holds the lock.")
 

@@ -37,7 +37,18 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 #: A pooled connection idle this long is closed (a leader's busy branches
 #: keep theirs; a follower, which uses the pool for nothing, ends up with none).
 IDLE_CONNECTION_LIFETIME = 10.0
-APPLICATION_NAME = "awa_trio"
+def _process_identity() -> str:
+    """``<host>:<pid>``, so pg_stat_activity (and ``status``) can tell which
+    awa_trio process a session belongs to. PostgreSQL keeps 63 bytes of an
+    application_name: the host is cut to leave room for the rest."""
+    import os
+    import socket
+
+    return f"{socket.gethostname()[:32]}:{os.getpid()}"
+
+
+#: Pool connections: ``awa_trio <host>:<pid>``.
+APPLICATION_NAME = f"awa_trio {_process_identity()}"
 
 # SQLSTATEs that mean the session is gone rather than that a statement failed.
 _CONNECTION_SQLSTATES = {"57P01", "57P02", "57P03"}

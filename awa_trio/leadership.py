@@ -50,14 +50,15 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from .config import MaintenanceConfig
-from .db import Connection, Database, DatabaseError, sole_exception
+from .db import APPLICATION_NAME, Connection, Database, DatabaseError, sole_exception
 from .errors import LeadershipAbandoned
 
 log = logging.getLogger(__name__)
 
 #: "AWA_MAIN": the key of every Awa runtime's maintenance leader lock.
 LOCK_KEY = 4708303813012965710
-LOCK_APPLICATION_NAME = "awa_trio leader lock"
+#: The election/lock connection: ``awa_trio <host>:<pid> lock``.
+LOCK_APPLICATION_NAME = f"{APPLICATION_NAME} lock"
 #: Upper bound for unlocking and closing the lock connection on the way out.
 RELEASE_TIMEOUT = 5.0
 #: Upper bound for one lock check; a hung check counts as a lost lock.

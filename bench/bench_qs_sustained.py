@@ -131,8 +131,11 @@ async def produce(dsn: str, rate: int, seconds: float) -> tuple[int, int]:
     started = time.monotonic()
     tick = 0
     while time.monotonic() - started < seconds:
-        fails = batch // FAIL_EVERY
-        await client.insert_many_copy([{"n": i} for i in range(batch - fails)], kind="ok", queue=QUEUE)
+        fails = leased = batch // FAIL_EVERY
+        await client.insert_many_copy([{"n": i} for i in range(batch - fails - leased)], kind="ok",
+                                      queue=QUEUE)
+        if leased:  # through a leases row, so the lease ring turns over real rows
+            await client.insert_many_copy([{"n": i} for i in range(leased)], kind="leased", queue=QUEUE)
         if fails:
             await client.insert_many_copy([{"n": i} for i in range(fails)], kind="boom",
                                           queue=QUEUE, max_attempts=1)

@@ -1,5 +1,6 @@
-"""An awa-pg runtime for load runs: kind ``ok`` completes, kind ``boom``
-raises (with max_attempts 1 it fails terminally). Optionally it may lead
+"""An awa-pg runtime for load runs: kind ``ok`` completes, ``leased``
+completes through a leases row, kind ``boom`` raises (with max_attempts 1 it
+fails terminally). Optionally it may lead
 (upstream's Rust maintenance), with ring intervals from the command line.
 
 Usage: python awa_pg_load_worker.py DSN [--queue Q] [--workers N] [--lead]
@@ -31,6 +32,13 @@ async def main() -> None:
 
     @client.task(dict, kind="ok", queue=args.queue)
     async def ok(job):
+        return None
+
+    @client.task(dict, kind="leased", queue=args.queue)
+    async def leased(job):
+        # Registering a callback materialises the attempt as a leases row
+        # (the fast claim path writes none), so the lease ring has work too.
+        await job.register_callback(timeout_seconds=3600)
         return None
 
     @client.task(dict, kind="boom", queue=args.queue)
