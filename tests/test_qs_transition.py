@@ -53,9 +53,6 @@ HANG_QUEUE = "hangq"
 #: running this long is rescued: longer than any job but the hanging one,
 #: longer than the hanging job's claim-to-kill window.
 HEARTBEAT_STALENESS = 6.0
-#: Queue-storage branches whose modules are not merged into this branch yet
-#: (their bodies are stubs): left out of the leader so the rest can run.
-PENDING_BRANCHES: tuple[str, ...] = ()
 
 CONFIG = MaintenanceConfig(
     leader_election_interval=0.3,
@@ -205,7 +202,7 @@ async def wait_until(check, what: str, timeout: float = 30.0):
 
 
 async def start_service(nursery: trio.Nursery, dsn: str) -> MaintenanceService:
-    service = MaintenanceService(dsn, CONFIG, disabled_branches=PENDING_BRANCHES)
+    service = MaintenanceService(dsn, CONFIG)
     await nursery.start(service.run)
     with trio.fail_after(15):
         await service.wait_until_leader()
@@ -321,7 +318,7 @@ async def test_staged_transition_with_awa_pg_loses_no_job(database_url, db, awa_
             assert await db.fetchval(FINALIZE_SQL) == "active"
             await wait_for_state(second, "active")
             assert "canonical_drain" not in branch_names(second)
-            assert "rotate_queue" in branch_names(second) or "rotate_queue" in PENDING_BRANCHES
+            assert "rotate_queue" in branch_names(second)
             assert second.lock_backend_pid == second_lock
             assert await leader_lock_holders(db) == [second_lock]
             assert [leading for _, leading in second.leadership_history] == [True]
