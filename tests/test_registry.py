@@ -118,6 +118,9 @@ def test_ring_branches_use_their_own_intervals_and_rollup_is_never_skipped():
     assert {spec.name: spec.interval for spec in follows_queue}["rotate_claim"] == (
         config.queue_rotate_interval)
     assert specs["terminal_count_rollup"].interval == config.terminal_count_rollup_interval
+    from awa_trio.queue_storage import batch_operations as qs_batch_operations
+
+    assert specs["batch_operations"].run_once is qs_batch_operations.run_once
     assert {name for name, spec in specs.items() if not spec.cooldown} == {
         "terminal_count_rollup", "cron_eval"}
 

@@ -21,6 +21,7 @@ from ..context import MaintenanceContext
 from ..cron import cron_branches
 from ..db import DatabaseError, describe_error
 from ..queue_storage import canonical_drain
+from ..queue_storage import batch_operations as qs_batch_operations
 from ..queue_storage import cleanup as qs_cleanup
 from ..queue_storage import promote as qs_promote
 from ..queue_storage import queue_stats as qs_queue_stats
@@ -101,7 +102,7 @@ def queue_storage_branches(config: MaintenanceConfig) -> list[BranchSpec]:
         BranchSpec(qs_cleanup.NAME, config.cleanup_interval, qs_cleanup.run_once),
         BranchSpec(qs_queue_stats.NAME, config.queue_stats_interval, qs_queue_stats.run_once),
         BranchSpec(
-            batch_operations.NAME, config.batch_operations_interval, batch_operations.run_once
+            batch_operations.NAME, config.batch_operations_interval, qs_batch_operations.run_once
         ),
         BranchSpec(
             terminal_count_rollup.NAME, config.terminal_count_rollup_interval,
