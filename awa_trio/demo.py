@@ -62,6 +62,7 @@ class Narrator:
 
     def __init__(self) -> None:
         self.seen: dict[int, tuple[str, int]] = {}
+        self.rescued: set[int] = set()
         self.cron_fires = 0
 
     def observe(self, rows: list) -> None:
@@ -85,7 +86,12 @@ class Narrator:
             if before[0] in ("scheduled", "retryable") and state in ("available", "running", "completed"):
                 say(f"promotion: {kind} job {row['id']} came due; the leader made it available "
                     "to workers")
-            if before[0] == "running" and state == "retryable":
+            # On queue storage awa.jobs does not list a running fast-path
+            # attempt, so a rescue shows as retryable, or as a new attempt.
+            rescued = (state == "retryable" and before[0] != "retryable") or (
+                row["attempt"] > before[1] and before[0] not in ("retryable", "scheduled"))
+            if rescued and row["id"] not in self.rescued:
+                self.rescued.add(row["id"])
                 say(f"rescue: {kind} job {row['id']}'s worker stopped heartbeating (it was killed); "
                     f"the leader rescued it for another try ({row['last_error'] or 'stale heartbeat'})")
             if state == "completed":

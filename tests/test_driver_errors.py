@@ -202,11 +202,11 @@ async def test_a_leader_whose_connections_keep_being_terminated_stays_alive_and_
             try:
                 with trio.fail_after(5):
                     while not await holder.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY):
-                        await terminate_backends(admin, await backend_pids(admin, "awa_trio leader lock"))
+                        await terminate_backends(admin, await backend_pids(admin, "awa_trio % lock"))
                         await trio.sleep(0.01)
                 for round_number in range(20):
                     await trio.sleep(0.025 + 0.003 * (round_number % 5))
-                    await terminate_backends(admin, await backend_pids(admin, "awa_trio leader lock"))
+                    await terminate_backends(admin, await backend_pids(admin, "awa_trio % lock"))
                 assert not service.is_leader
             finally:
                 await holder.close()

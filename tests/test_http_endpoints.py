@@ -103,18 +103,26 @@ async def test_livez_readyz_status_for_a_leader_and_a_follower(database_url, db)
         nursery.cancel_scope.cancel()
 
 
-async def test_readyz_says_503_when_the_database_is_gone(database_url, db):
+async def test_readyz_says_503_when_the_schema_is_not_one_awa_trio_maintains(database_url, db):
+    """A follower (a leader would stop on such a schema): ready while the
+    schema is supported, 503 with the reason once it is not."""
+    from support.helpers import LOCK_KEY
+
+    holder = await db.connect_dedicated(application_name="test lock holder")
+    assert await holder.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY)
     service = MaintenanceService(database_url, FAST, http_address="127.0.0.1:0")
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         [url] = service.http_urls
-        # The schema version becomes one awa_trio does not maintain.
+        assert (await get(f"{url}/readyz"))[0] == 200
         await db.execute("INSERT INTO awa.schema_version (version, description) VALUES (99, 'x')")
         status, body, _ = await get(f"{url}/readyz")
         assert status == 503
         assert "version 99 is not supported" in json.loads(body)["reason"]
         assert (await get(f"{url}/livez"))[0] == 200
+        assert not service.is_leader
         nursery.cancel_scope.cancel()
+    await holder.close()
 
 
 async def test_a_branch_error_shows_in_status_and_as_a_metric(database_url, db):

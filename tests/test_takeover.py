@@ -15,7 +15,8 @@ import trio
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.db import open_database
-from awa_trio.leadership import LOCK_APPLICATION_NAME, LOCK_KEY
+from awa_trio.leadership import LOCK_APPLICATION_NAME as ELECTION_NAME
+from awa_trio.leadership import LOCK_KEY
 from support.awa_pg import awa_pg_worker
 from support.helpers import leader_lock_holders
 from support.takeover import (
@@ -150,7 +151,7 @@ async def test_a_follower_holds_no_snapshot_no_lock_wait_and_one_connection(data
                 while [row["application_name"] for row in await admin.fetch(
                         "SELECT application_name FROM pg_stat_activity "
                         "WHERE datname = current_database() AND application_name LIKE 'awa_trio%'"
-                        )] != [LOCK_APPLICATION_NAME]:
+                        )] != [ELECTION_NAME]:
                     await trio.sleep(0.2)
             stats = await sample_snapshots(admin, "awa_trio%", seconds=3.0)
             follower_pids = {row["pid"] for row in await admin.fetch(

@@ -30,7 +30,8 @@ async def terminate_backends(db, pids: list[int]) -> int:
     return await db.fetchval(TERMINATE_SQL, pids)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LOCK_APPLICATION_NAME = "awa_trio leader lock"
+#: Election connections of any awa_trio process (`awa_trio <host>:<pid> lock`), for LIKE.
+LOCK_APPLICATION_NAME = "awa_trio % lock"
 
 #: One row per backend of this database whose application_name matches:
 #: whether it holds a snapshot, how old its transaction is, what it waits on.
