@@ -27,7 +27,7 @@ from test_rescue_fallback import CLAIM_BY_HAND_SQL, MASK_WITHOUT_RUNNING, insert
 from awa_trio.branches import cleanup, priority_aging, rescue_callbacks, rescue_deadlines
 from awa_trio.branches import rescue_heartbeats
 from awa_trio.config import MaintenanceConfig
-from awa_trio.drain import BatchOutcome, DrainBudget, drain, tick_budget
+from awa_trio.drain import PAUSE_RATIO, BatchOutcome, DrainBudget, drain, tick_budget
 from awa_trio.hooks import FollowUpJob, Hooks, JobRescued
 from awa_trio.leadership import LOCK_KEY
 from support.awa_pg import awa_pg_worker
@@ -112,12 +112,15 @@ async def test_drain_repeats_full_batches_until_a_short_one_or_the_budget(autoju
         await trio.sleep(1)
         return BatchOutcome.of(next(sizes), 3)
 
+    started = trio.current_time()
     outcome = await drain(batch, budget=DrainBudget(100))
     assert (outcome.batches, outcome.rows, outcome.drained) == (4, 10, True)
     assert outcome.longest_batch == pytest.approx(1)
+    # Four batches of 1 s, a rest of half a batch after each of the three full ones.
+    assert trio.current_time() - started == pytest.approx(4 + 3 * PAUSE_RATIO)
 
     sizes = iter([3] * 10)
-    outcome = await drain(batch, budget=DrainBudget(2.5))
+    outcome = await drain(batch, budget=DrainBudget(1 + PAUSE_RATIO + 1.1))
     # The third batch starts within the budget and runs past it.
     assert (outcome.batches, outcome.rows, outcome.drained) == (3, 9, False)
 

@@ -272,7 +272,7 @@ async def run_sweep(
     result.batches = outcome.batches
     result.drained = outcome.drained
     _announce(sweep, result)
-    if not outcome.drained:
+    if not outcome.drained and budget.spent:
         log.info("%s: time budget (%gs) spent after %d batches; the rest waits a tick",
                  sweep.name, budget.seconds, outcome.batches)
     return result
