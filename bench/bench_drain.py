@@ -1,7 +1,7 @@
 """Draining maintenance (cleanup, rescue) against upstream's one batch per
 tick, on the same database and data.
 
-Scenarios (``--scenario``, default all but the slow upstream ones' full sizes):
+Scenarios (``--scenario``, repeatable; default: all five):
 
 * ``rates``: awa_trio's cleanup statement on N expired completed rows (10 %
   with unique keys, so Awa's claim trigger fires too) at batch sizes 1000,
