@@ -33,7 +33,7 @@ DEFAULT_HEARTBEAT_STALENESS = 90 * SECOND
 DEFAULT_CLEANUP_INTERVAL = 60 * SECOND
 DEFAULT_COMPLETED_RETENTION = 24 * HOUR
 DEFAULT_FAILED_RETENTION = 72 * HOUR
-DEFAULT_CLEANUP_BATCH_SIZE = 1000
+DEFAULT_CLEANUP_BATCH_SIZE = 5000
 DEFAULT_QUEUE_STATS_INTERVAL = 30 * SECOND
 DEFAULT_DLQ_RETENTION = 30 * DAY
 DEFAULT_DLQ_CLEANUP_BATCH_SIZE = 1000
@@ -252,7 +252,7 @@ class MaintenanceConfig:
     failed_retention: float = setting(
         DEFAULT_FAILED_RETENTION, RETENTION, "Failed and cancelled jobs older than this are deleted.")
     cleanup_batch_size: int = setting(
-        DEFAULT_CLEANUP_BATCH_SIZE, COUNT, "Most rows deleted per retention pass.")
+        DEFAULT_CLEANUP_BATCH_SIZE, COUNT, "Rows per cleanup DELETE; a pass repeats batches.")
     queue_retention_overrides: Mapping[str, RetentionPolicy] = setting(
         None, "overrides", "Per-queue retention replacing the global values for that queue.",
         factory=dict)

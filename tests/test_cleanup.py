@@ -89,10 +89,11 @@ async def test_finished_jobs_past_retention_are_deleted_by_state(db, awa_client)
     }
 
 
-async def test_each_retention_pass_deletes_at_most_cleanup_batch_size(db):
+async def test_with_its_budget_spent_each_retention_pass_takes_one_batch_per_tick(db):
     ctx = await make_context(
         db,
         cleanup_batch_size=2,
+        drain_time_budget="1ms",
         queue_retention_overrides={"fast": RetentionPolicy(completed="1h", failed="1h")},
     )
     await insert_finished(db, "default", "completed", 30, 3)
@@ -106,6 +107,25 @@ async def test_each_retention_pass_deletes_at_most_cleanup_batch_size(db):
     assert (second.jobs_deleted, second.jobs_deleted_by_queue) == (1, {"fast": 1})
     assert (third.jobs_deleted, third.jobs_deleted_by_queue) == (0, {"fast": 0})
     assert await job_ids(db) == set()
+    assert first.unfinished_steps == ["finished jobs (global pass)", "finished jobs (queue 'fast')"]
+
+
+async def test_a_retention_pass_drains_its_backlog_in_batches_within_one_tick(db):
+    ctx = await make_context(
+        db,
+        cleanup_batch_size=2,
+        queue_retention_overrides={"fast": RetentionPolicy(completed="1h", failed="1h")},
+    )
+    await insert_finished(db, "default", "completed", 30, 5)
+    await insert_finished(db, "default", "failed", 100, 2)
+    await insert_finished(db, "fast", "completed", 2, 3)
+    kept = await insert_finished(db, "fast", "completed", 0.5, 1)
+
+    result = await cleanup.run_once(ctx)
+
+    assert (result.jobs_deleted, result.jobs_deleted_by_queue) == (7, {"fast": 3})
+    assert result.unfinished_steps == [] and result.failed_steps == []
+    assert await job_ids(db) == set(kept)
 
 
 async def test_queue_retention_override_replaces_global_retention_for_that_queue(db, awa_client):
@@ -265,18 +285,26 @@ async def test_expired_batch_operations_are_deleted_only_when_finished(db, awa_c
     assert await db.fetchval("SELECT count(*) FROM awa.batch_operation_items") == 0
 
 
-async def test_expired_batch_operations_are_deleted_1000_per_pass_oldest_first(db):
+async def test_expired_batch_operations_are_deleted_1000_per_batch_oldest_first(db):
     rows = await db.fetch(INSERT_BATCH_OPERATION_SQL, "completed", -2 * HOUR, 1001)
     # retention_until falls as g grows: the latest one is the first row inserted,
     # so a pass that ignored retention order would delete it first.
     latest = rows[0]["id"]
+    one_batch_per_tick = await make_context(db, drain_time_budget="1ms")
 
-    first = await cleanup.run_once(await make_context(db))
+    first = await cleanup.run_once(one_batch_per_tick)
     assert first.batch_operations_deleted == 1000
     assert await batch_operation_ids(db) == {latest}
 
-    second = await cleanup.run_once(await make_context(db))
+    second = await cleanup.run_once(one_batch_per_tick)
     assert second.batch_operations_deleted == 1
+    assert await batch_operation_ids(db) == set()
+
+    # With a budget, one tick drains both batches.
+    await db.fetch(INSERT_BATCH_OPERATION_SQL, "completed", -2 * HOUR, 1001)
+    drained = await cleanup.run_once(await make_context(db))
+    # One (short) batch of finished jobs, two of batch operations.
+    assert (drained.batch_operations_deleted, drained.batches) == (1001, 3)
     assert await batch_operation_ids(db) == set()
 
 

@@ -59,7 +59,7 @@ async def test_help_lists_every_setting_with_env_var_and_default():
         assert env_name(field.name) in text
     assert "(env AWA_PROMOTE_INTERVAL; default 250ms)" in text
     assert "(env AWA_COMPLETED_RETENTION; default 24h)" in text
-    assert "(env AWA_CLEANUP_BATCH_SIZE; default 1000)" in text
+    assert "(env AWA_CLEANUP_BATCH_SIZE; default 5000)" in text
 
 
 def test_flags_beat_environment_which_beats_the_file(tmp_path):

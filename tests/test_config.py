@@ -23,7 +23,7 @@ def test_defaults_are_the_seeds():
             config.callback_rescue_interval, config.heartbeat_staleness) == (30, 30, 30, 90)
     assert (config.cleanup_interval, config.completed_retention, config.failed_retention) == (
         60, 24 * 3600, 72 * 3600)
-    assert (config.cleanup_batch_size, config.dlq_cleanup_batch_size) == (1000, 1000)
+    assert (config.cleanup_batch_size, config.dlq_cleanup_batch_size) == (5000, 1000)
     assert config.dlq_retention == 30 * 86400 and config.descriptor_retention == 30 * 86400
     assert (config.queue_stats_interval, config.dirty_key_recompute_interval,
             config.metadata_reconciliation_interval, config.priority_aging_interval,

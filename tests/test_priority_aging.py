@@ -73,7 +73,7 @@ async def test_waiting_jobs_move_up_one_level_per_pass_keeping_the_first_origina
     assert await priority_and_metadata(db, scheduled) == (4, {})
 
 
-async def test_at_most_1000_jobs_are_aged_per_pass(db):
+async def test_with_its_budget_spent_a_pass_ages_one_batch_per_level(db):
     await db.execute(
         """
         INSERT INTO awa.jobs_hot (kind, queue, priority, run_at)
@@ -82,9 +82,9 @@ async def test_at_most_1000_jobs_are_aged_per_pass(db):
         """
     )
 
-    result = await priority_aging.run_once(await make_context(db))
+    result = await priority_aging.run_once(await make_context(db, drain_time_budget="1ms"))
 
-    assert result.aged == 1000
+    assert result.aged == 1000 and not result.drained
     rows = await db.fetch(
         "SELECT priority, metadata->'_awa_original_priority' AS original, count(*) AS n"
         " FROM awa.jobs_hot GROUP BY 1, 2 ORDER BY 1"

@@ -15,7 +15,6 @@ import pytest
 import trio
 
 from awa_trio.branches import rescue_callbacks, rescue_deadlines, rescue_heartbeats
-from awa_trio.branches.rescue import RESCUE_BATCH_SIZE
 from awa_trio.config import MaintenanceConfig
 from awa_trio.context import MaintenanceContext
 from awa_trio.jobs import JobRow
@@ -175,8 +174,16 @@ async def test_stale_heartbeat_becomes_retryable_and_fresh_rows_are_untouched(db
     assert (await rescue_heartbeats.run_once(ctx)).rescued == []
 
 
-async def test_heartbeat_rescue_takes_at_most_500_rows_per_pass(db):
-    ctx = await make_context(db)
+BATCH = 50
+
+
+async def one_batch_per_tick(db) -> MaintenanceContext:
+    """A tick whose budget is spent after its first batch."""
+    return await make_context(db, rescue_batch_size=BATCH, drain_time_budget="1ms")
+
+
+async def test_with_its_budget_spent_a_heartbeat_rescue_takes_one_batch_per_tick(db):
+    ctx = await one_batch_per_tick(db)
     await db.execute(
         """
         INSERT INTO awa.jobs_hot (kind, queue, args, state, attempt, run_lease,
@@ -185,19 +192,19 @@ async def test_heartbeat_rescue_takes_at_most_500_rows_per_pass(db):
                now() - interval '1 hour', now() - interval '1 hour'
         FROM generate_series(1, $1) AS g
         """,
-        RESCUE_BATCH_SIZE + 1,
+        BATCH + 1,
     )
     count_sql = "SELECT count(*) FROM awa.jobs WHERE kind = 'bulk' AND state = $1"
 
     first = await rescue_heartbeats.run_once(ctx)
-    assert len(first.rescued) == 500
+    assert (len(first.rescued), first.batches, first.drained) == (BATCH, 1, False)
     assert await db.fetchval(count_sql, "running") == 1
-    assert await db.fetchval(count_sql, "retryable") == 500
+    assert await db.fetchval(count_sql, "retryable") == BATCH
 
     second = await rescue_heartbeats.run_once(ctx)
-    assert len(second.rescued) == 1
+    assert (len(second.rescued), second.drained) == (1, True)
     assert await db.fetchval(count_sql, "running") == 0
-    assert await db.fetchval(count_sql, "retryable") == 501
+    assert await db.fetchval(count_sql, "retryable") == BATCH + 1
 
 
 async def test_heartbeat_rescue_skips_rows_locked_by_others(db):
@@ -271,8 +278,8 @@ async def test_expired_deadline_becomes_retryable_and_others_are_untouched(db):
     assert (await rescue_heartbeats.run_once(ctx)).rescued == []
 
 
-async def test_deadline_rescue_takes_at_most_500_rows_per_pass(db):
-    ctx = await make_context(db)
+async def test_with_its_budget_spent_a_deadline_rescue_takes_one_batch_per_tick(db):
+    ctx = await one_batch_per_tick(db)
     await db.execute(
         """
         INSERT INTO awa.jobs_hot (kind, queue, args, state, attempt, run_lease,
@@ -281,9 +288,9 @@ async def test_deadline_rescue_takes_at_most_500_rows_per_pass(db):
                now(), now(), now() - interval '1 second'
         FROM generate_series(1, $1) AS g
         """,
-        RESCUE_BATCH_SIZE + 1,
+        BATCH + 1,
     )
-    assert len((await rescue_deadlines.run_once(ctx)).rescued) == 500
+    assert len((await rescue_deadlines.run_once(ctx)).rescued) == BATCH
     assert len((await rescue_deadlines.run_once(ctx)).rescued) == 1
     assert len((await rescue_deadlines.run_once(ctx)).rescued) == 0
 
@@ -361,8 +368,8 @@ async def test_expired_callbacks_retry_with_backoff_or_fail_on_last_attempt(db):
     )
 
 
-async def test_callback_rescue_takes_at_most_500_rows_per_pass(db):
-    ctx = await make_context(db)
+async def test_with_its_budget_spent_a_callback_rescue_takes_one_batch_per_tick(db):
+    ctx = await one_batch_per_tick(db)
     await db.execute(
         """
         INSERT INTO awa.jobs_hot (kind, queue, args, state, attempt, run_lease,
@@ -371,9 +378,9 @@ async def test_callback_rescue_takes_at_most_500_rows_per_pass(db):
                gen_random_uuid(), now() - interval '1 second'
         FROM generate_series(1, $1) AS g
         """,
-        RESCUE_BATCH_SIZE + 1,
+        BATCH + 1,
     )
-    assert len((await rescue_callbacks.run_once(ctx)).rescued) == 500
+    assert len((await rescue_callbacks.run_once(ctx)).rescued) == BATCH
     assert len((await rescue_callbacks.run_once(ctx)).rescued) == 1
     assert len((await rescue_callbacks.run_once(ctx)).rescued) == 0
 

@@ -4,29 +4,39 @@
 A rescue takes a job away from a worker presumed dead (stale heartbeat),
 overdue (hard deadline) or never called back (callback timeout). On the
 canonical engine the rescued row leaves ``awa.jobs_hot`` for
-``awa.scheduled_jobs`` (``retryable``), so each sweep is one statement that
-locks up to :data:`RESCUE_BATCH_SIZE` candidates with ``SKIP LOCKED``,
-deletes them from ``jobs_hot`` and inserts the rescued rows into
-``scheduled_jobs``, returning them. Rows never travel to the client and the
-cost is per rescued row, not per table row. (Upstream UPDATEs the
+``awa.scheduled_jobs`` (``retryable``), so each batch is one statement that
+locks up to ``rescue_batch_size`` candidates with ``SKIP LOCKED``, deletes
+them from ``jobs_hot`` and inserts the rescued rows into ``scheduled_jobs``,
+returning them. Rows never travel to the client and the cost is per rescued
+row, not per table row. (Upstream UPDATEs the
 ``awa.jobs`` view instead, whose INSTEAD OF trigger does the same delete and
 insert; but every UPDATE of that view first materialises the whole
 ``jobs_compat()`` function, i.e. every job in the database, on every pass.)
 The unique-claim triggers fire on the base tables either way.
 
+A sweep drains (:mod:`awa_trio.drain`): it repeats batches until one comes
+back short or the tick's budget (``min(drain_time_budget, interval / 2)``) is
+spent, so a fleet-wide crash is rescued within one tick instead of 500 jobs
+per tick. Each batch is its own statement and transaction; its side effects
+run right after it commits, before the next batch.
+
 Unique-claim fallback: a rescue re-enters ``retryable``. If a job's
 ``unique_states`` claim ``retryable`` but not ``running``, a newer duplicate
 may have taken the claim while it ran, and the batch fails with 23505 as a
-whole. Then the sweep goes row by row, re-checking each row's predicate; a
+whole. Then that batch goes row by row, re-checking each row's predicate; a
 row whose rescue conflicts is cancelled instead (the newer duplicate wins),
 and a row that cannot even be cancelled (its mask claims ``cancelled`` too)
 is skipped with an error naming the claim holder. One poisoned row never
-stops the others.
+stops the others. The drain goes on with batches after a full fallback
+batch that made progress; a fallback that took nothing ends the tick.
 
-Side effects, in this order, after the rescue statements committed:
+Side effects, per batch, in this order, after its statements committed:
 metrics; in-flight cancellation (heartbeat and deadline rescues, and every
 duplicate cancellation); follow-up jobs, one transaction per rescued job;
-then lifecycle events, handed to the hooks dispatcher without waiting.
+then lifecycle events, handed to the hooks dispatcher without waiting (at
+most ``hook_queue_size`` waiting, the rest dropped and counted). A cancel
+during a batch's follow-ups (leadership lost) stands the rescue and loses
+that batch's remaining follow-ups and events, as a crash would.
 """
 
 from __future__ import annotations
@@ -36,16 +46,19 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ..config import DEFAULT_RESCUE_BATCH_SIZE
 from ..context import MaintenanceContext
 from ..db import ConnectionLost, DatabaseError, UniqueViolation
+from ..drain import BatchOutcome, DrainBudget, drain
 from ..hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
 from ..jobs import JOB_COLUMNS, JobRow
 from .unique_claims import holder_text, unique_claim_holder
 
 log = logging.getLogger(__name__)
 
-#: Most rows one rescue pass takes (and the most the fallback revisits).
-RESCUE_BATCH_SIZE = 500
+#: Default rows per rescue batch (and the most one fallback batch revisits);
+#: the setting is ``rescue_batch_size``.
+RESCUE_BATCH_SIZE = DEFAULT_RESCUE_BATCH_SIZE
 #: Event reason for a duplicate-cancelled job whose last error has no text.
 DEFAULT_DUPLICATE_REASON = "rescued as duplicate: unique claim held by a newer job"
 
@@ -194,6 +207,9 @@ class RescueSweep:
     duplicate_error: str
     #: Whether attempts still running in this process are signalled.
     cancels_in_flight: bool
+    #: The config field holding this branch's interval (sets the drain budget);
+    #: None: the budget is ``drain_time_budget`` alone.
+    interval_setting: str | None = None
 
 
 @dataclasses.dataclass
@@ -213,32 +229,88 @@ class RescueResult:
     follow_up_failures: int = 0
     #: Events the hooks dispatcher could not take.
     events_dropped: int = 0
+    #: Rescue statements (batches) this pass; a fallback batch counts once.
+    batches: int = 0
+    #: False when the budget ran out with candidates possibly left.
+    drained: bool = True
+
+    def merge(self, batch: RescueResult) -> None:
+        """Add one batch's outcome to the tick's."""
+        self.rescued += batch.rescued
+        self.duplicates_cancelled += batch.duplicates_cancelled
+        self.skipped += batch.skipped
+        self.row_by_row = self.row_by_row or batch.row_by_row
+        self.cancelled_in_flight += batch.cancelled_in_flight
+        self.follow_ups_inserted += batch.follow_ups_inserted
+        self.follow_up_failures += batch.follow_up_failures
+        self.events_dropped += batch.events_dropped
 
 
-async def run_sweep(ctx: MaintenanceContext, sweep: RescueSweep, *params: Any) -> RescueResult:
-    """One pass of a rescue branch, side effects included."""
+def sweep_budget(ctx: MaintenanceContext, sweep: RescueSweep) -> DrainBudget:
+    if sweep.interval_setting is None:
+        return DrainBudget(ctx.config.drain_time_budget)
+    return DrainBudget.for_interval(ctx.config, getattr(ctx.config, sweep.interval_setting))
+
+
+async def run_sweep(
+    ctx: MaintenanceContext, sweep: RescueSweep, *params: Any, budget: DrainBudget | None = None
+) -> RescueResult:
+    """One tick of a rescue branch: batches until one comes back short or the
+    budget is spent, each batch's side effects right after it commits."""
     result = RescueResult()
+    budget = budget or sweep_budget(ctx, sweep)
+    batch_size = ctx.config.rescue_batch_size
+
+    async def batch() -> BatchOutcome | None:
+        part = RescueResult()
+        taken = await rescue_batch(ctx, sweep, params, part, batch_size)
+        await _apply_side_effects(ctx, sweep, part, announce=False)
+        result.merge(part)
+        return taken
+
+    outcome = await drain(batch, budget=budget)
+    result.batches = outcome.batches
+    result.drained = outcome.drained
+    _announce(sweep, result)
+    if not outcome.drained and budget.spent:
+        log.info("%s: time budget (%gs) spent after %d batches; the rest waits a tick",
+                 sweep.name, budget.seconds, outcome.batches)
+    return result
+
+
+async def rescue_batch(
+    ctx: MaintenanceContext, sweep: RescueSweep, params: Sequence[Any], part: RescueResult,
+    batch_size: int,
+) -> BatchOutcome | None:
+    """One batched rescue statement into ``part``; on a unique-claim conflict
+    the same batch row by row. None: stop draining this tick."""
     try:
-        records = await ctx.db.fetch(sweep.batch_sql, *params, RESCUE_BATCH_SIZE)
+        records = await ctx.db.fetch(sweep.batch_sql, *params, batch_size)
     except UniqueViolation as exc:
         log.warning(
             "%s: batched rescue hit a unique-claim conflict (%s); retrying row by row",
             sweep.name, exc,
         )
-        result.row_by_row = True
-        await rescue_row_by_row(ctx, sweep, params, result)
-    else:
-        result.rescued = [JobRow.from_record(record) for record in records]
-    await apply_side_effects(ctx, sweep, result)
-    return result
+        part.row_by_row = True
+        visited = await rescue_row_by_row(ctx, sweep, params, part, limit=batch_size)
+        progress = len(part.rescued) + len(part.duplicates_cancelled)
+        # Go on only after a full fallback batch that moved something; its
+        # skipped rows would otherwise send every batch row by row again.
+        if visited == batch_size and progress:
+            return BatchOutcome(progress, more=True)
+        return None
+    part.rescued = [JobRow.from_record(record) for record in records]
+    return BatchOutcome.of(len(records), batch_size)
 
 
 async def rescue_row_by_row(
-    ctx: MaintenanceContext, sweep: RescueSweep, params: Sequence[Any], result: RescueResult
-) -> None:
-    """The #388 fallback: each candidate in its own statement."""
+    ctx: MaintenanceContext, sweep: RescueSweep, params: Sequence[Any], result: RescueResult,
+    *, limit: int = RESCUE_BATCH_SIZE,
+) -> int:
+    """The #388 fallback: each of up to ``limit`` candidates in its own
+    statement. Returns how many candidates it went through."""
     ids = [record["id"] for record in await ctx.db.fetch(
-        sweep.candidates_sql, *params, RESCUE_BATCH_SIZE)]
+        sweep.candidates_sql, *params, limit)]
     for position, job_id in enumerate(ids):
         try:
             record = await ctx.db.fetchrow(sweep.one_sql, *params, job_id)
@@ -248,7 +320,7 @@ async def rescue_row_by_row(
         except ConnectionLost as exc:
             log.error("%s: connection lost during row-by-row rescue; %d candidates left "
                       "for the next pass: %s", sweep.name, len(ids) - position, exc)
-            return
+            return position
         except DatabaseError as exc:
             log.error("%s: rescue of job %d failed; skipping it: %s", sweep.name, job_id, exc)
             result.skipped.append(job_id)
@@ -256,6 +328,7 @@ async def rescue_row_by_row(
         # None: finished, heartbeated or taken by someone else since the candidate query.
         if record is not None:
             result.rescued.append(JobRow.from_record(record))
+    return len(ids)
 
 
 async def cancel_duplicate(
@@ -293,18 +366,32 @@ async def cancel_duplicate(
 async def apply_side_effects(
     ctx: MaintenanceContext, sweep: RescueSweep, result: RescueResult
 ) -> None:
-    """Everything a committed pass owes the outside world (order in the module docstring)."""
+    """Everything a committed batch owes the outside world (order in the
+    module docstring), with its log lines."""
+    await _apply_side_effects(ctx, sweep, result, announce=True)
+
+
+def _announce(sweep: RescueSweep, result: RescueResult) -> None:
     if result.duplicates_cancelled:
-        ctx.metrics.record_rescues(
-            f"{sweep.metric_kind}_duplicate_cancelled", len(result.duplicates_cancelled))
         log.warning(
             "%s: cancelled %d jobs superseded by a newer unique duplicate: %s",
             sweep.name, len(result.duplicates_cancelled),
             _ids(result.duplicates_cancelled),
         )
     if result.rescued:
-        ctx.metrics.record_rescues(sweep.metric_kind, len(result.rescued))
         log.warning("%s: rescued %d jobs (%s)", sweep.name, len(result.rescued), sweep.reason)
+
+
+async def _apply_side_effects(
+    ctx: MaintenanceContext, sweep: RescueSweep, result: RescueResult, *, announce: bool
+) -> None:
+    if result.duplicates_cancelled:
+        ctx.metrics.record_rescues(
+            f"{sweep.metric_kind}_duplicate_cancelled", len(result.duplicates_cancelled))
+    if result.rescued:
+        ctx.metrics.record_rescues(sweep.metric_kind, len(result.rescued))
+    if announce:
+        _announce(sweep, result)
 
     hooks: Hooks | None = ctx.hooks
     if hooks is None:

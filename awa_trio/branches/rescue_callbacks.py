@@ -5,7 +5,8 @@ backoff (``retryable``, ``run_at = now() + awa.backoff_duration(attempt,
 max_attempts)``), or ``failed`` when that attempt was its last (run_at
 kept). Callback columns are cleared and ``callback timed out`` recorded.
 Nothing is running in any process, so no in-flight cancellation. Earliest
-timeouts first, at most ``RESCUE_BATCH_SIZE`` per pass. Shared machinery:
+timeouts first, in batches of ``rescue_batch_size``, drained within the
+tick. Shared machinery:
 :mod:`.rescue`.
 """
 
@@ -117,6 +118,7 @@ SWEEP = RescueSweep(
     candidates_sql=CANDIDATES_SQL,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=False,
+    interval_setting="callback_rescue_interval",
 )
 
 

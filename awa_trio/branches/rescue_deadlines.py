@@ -3,9 +3,9 @@
 The claim sets ``deadline_at = now() + queue deadline``; a ``running`` row
 past it becomes ``retryable`` exactly like a stale-heartbeat rescue (run_at
 unchanged, ``max_attempts`` not consulted, as upstream), with the error
-``hard deadline exceeded``. Earliest deadlines first, at most
-``RESCUE_BATCH_SIZE`` per pass. Attempts of those jobs still running in this
-process are cancelled. Shared machinery: :mod:`.rescue`.
+``hard deadline exceeded``. Earliest deadlines first, in batches of
+``rescue_batch_size``, drained within the tick. Attempts of those jobs
+still running in this process are cancelled. Shared machinery: :mod:`.rescue`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ SWEEP = RescueSweep(
     candidates_sql=CANDIDATES_SQL,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=True,
+    interval_setting="deadline_rescue_interval",
 )
 
 

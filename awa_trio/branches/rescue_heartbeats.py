@@ -4,9 +4,9 @@ heartbeating (crashed, killed, partitioned away).
 A ``running`` row whose ``heartbeat_at`` is older than
 ``heartbeat_staleness`` becomes ``retryable`` with its ``run_at`` unchanged,
 so the next promotion makes it available again at once; ``max_attempts`` is
-not consulted (as upstream). Oldest heartbeats first, at most
-``RESCUE_BATCH_SIZE`` per pass. Attempts of those jobs still running in this
-process are cancelled. Shared machinery: :mod:`.rescue`.
+not consulted (as upstream). Oldest heartbeats first, in batches of
+``rescue_batch_size``, drained within the tick. Attempts of those jobs
+still running in this process are cancelled. Shared machinery: :mod:`.rescue`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ SWEEP = RescueSweep(
     candidates_sql=CANDIDATES_SQL,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=True,
+    interval_setting="heartbeat_rescue_interval",
 )
 
 
