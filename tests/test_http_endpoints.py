@@ -166,7 +166,7 @@ async def test_every_series_of_awas_grafana_dashboard_is_scraped(qs_database_url
 
     await qs_db.execute(
         "INSERT INTO awa.queue_descriptors (queue, display_name, owner, tags, descriptor_hash) "
-        "VALUES ('grafana', 'Grafana queue', 'ops@example.com', '{a,b}', 'h')")
+        "VALUES ('grafana_declared', 'Grafana queue', 'ops@example.com', '{a,b}', 'h')")
     provider = prometheus_meter_provider()
     service = MaintenanceService(qs_database_url, FAST, http_address="127.0.0.1:0",
                                  meter_provider=provider)
@@ -189,7 +189,7 @@ async def test_every_series_of_awas_grafana_dashboard_is_scraped(qs_database_url
         await in_thread(qs_awa_client.insert, {}, kind="grafana_idle", queue="grafana_paused")
 
         missing: list[str] = []
-        with trio.fail_after(60):
+        with trio.move_on_after(60):
             while True:
                 series = scraped_series((await get(f"{url}/metrics"))[1].decode())
                 missing = [f"{name} {sorted(labels - series.get(name, set()))}"
@@ -198,6 +198,6 @@ async def test_every_series_of_awas_grafana_dashboard_is_scraped(qs_database_url
                 if not missing:
                     break
                 await trio.sleep(0.5)
-        assert missing == []
+        assert missing == [], missing
         nursery.cancel_scope.cancel()
     provider.shutdown()
