@@ -172,7 +172,7 @@ async def test_a_follower_holds_no_snapshot_no_lock_wait_and_one_connection(data
         await holder.close()
 
     logging.getLogger(__name__).info("follower %s; control %s", stats, control)
-    assert stats.samples >= 40
+    assert stats.samples >= 20  # the sampler ran (3 s at 20 Hz; fewer on a loaded machine)
     assert stats.max_backends == 1, "a follower uses one connection"
     assert stats.oldest_snapshot < 1.0
     assert stats.with_snapshot <= stats.samples // 10, "a follower holds a snapshot between tries"
@@ -222,5 +222,5 @@ async def test_mixed_fleet_one_holder_at_every_sample_and_awa_trio_takes_over_fr
             sampling.cancel_scope.cancel()
     logging.getLogger(__name__).info("awa-pg -> awa_trio takeover %.3fs; %d lock samples",
                                      awa_pg_takeover, sampler.samples)
-    assert sampler.samples >= 60
+    assert sampler.samples >= 30  # the sampler ran throughout (fewer than 20 Hz on a loaded machine)
     assert sampler.doubles == [], "two granted locks for the key at one instant"
