@@ -24,7 +24,6 @@ from typing import Any
 import trio
 
 from . import __version__
-
 from .config import (
     COUNT,
     INTERVAL,
@@ -163,7 +162,7 @@ def parse_queue_retention(text: str) -> tuple[str, RetentionPolicy]:
             f"queue retention {text!r} must look like QUEUE=COMPLETED[,FAILED[,DLQ]]"
         )
     names = ("completed", "failed", "dlq")
-    values = {name: value for name, value in zip(names, parts) if value}
+    values = {name: value for name, value in zip(names, parts, strict=False) if value}
     return queue.strip(), retention_policy_from(values, field=f"queue retention {queue.strip()}")
 
 
@@ -419,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(exc, url)
     except KeyboardInterrupt:
         return EXIT_OK
-    except Exception as exc:  # noqa: BLE001 - awa-pg's migrator raises its own types
+    except Exception as exc:
         if invocation.command == "migrate":
             print(f"awa_trio: migration failed for {redact(url)}: {exc}", file=sys.stderr)
             return EXIT_FAILURE

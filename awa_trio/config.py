@@ -104,8 +104,8 @@ def format_duration(seconds: float) -> str:
     for unit, size in (("h", HOUR), ("m", MINUTE), ("s", SECOND)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
-    if seconds < 1 and round(seconds * 1000, 6) == int(round(seconds * 1000)):
-        return f"{int(round(seconds * 1000))}ms"
+    if seconds < 1 and round(seconds * 1000, 6) == round(seconds * 1000):
+        return f"{round(seconds * 1000)}ms"
     return f"{seconds:g}s"
 
 

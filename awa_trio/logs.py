@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit
 
-
 #: Name of the maintenance branch whose task logged the record.
 CURRENT_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "awa_trio_branch", default=None
@@ -104,7 +103,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
                 timespec="milliseconds"
             ),
             "level": record.levelname,
@@ -211,7 +210,7 @@ class ConnectionEpisodeFilter(logging.Filter):
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
-_OPEN_EPISODES: dict[str, "_Episode"] = {}
+_OPEN_EPISODES: dict[str, _Episode] = {}
 
 
 def connection_recovered(key: str, logger: logging.Logger, *, since: float | None = None) -> None:

@@ -7,7 +7,6 @@ provider with an in-memory reader).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 
 from opentelemetry import metrics as otel_metrics

@@ -35,10 +35,9 @@ from .db import Database, DatabaseError, open_database, sole_exception
 from .errors import AwaTrioError, ConfigError, UnsupportedSchema
 from .hooks import Hooks
 from .leadership import LeaderElector, LeadershipState
-from .metrics import MaintenanceMetrics
-from .schema import CANONICAL, QUEUE_STORAGE, STATE_ACTIVE, STATE_MIXED_TRANSITION
-from .schema import SchemaInfo, check_schema
 from .logs import CURRENT_TERM
+from .metrics import MaintenanceMetrics
+from .schema import CANONICAL, QUEUE_STORAGE, STATE_ACTIVE, STATE_MIXED_TRANSITION, SchemaInfo, check_schema
 from .supervisor import run_leader_term
 from .tracker_actor import TrackerClient
 

@@ -100,7 +100,7 @@ async def collect_status(db: Database, config: MaintenanceConfig | None = None) 
            for row in await db.fetch(due_sql)}
     rescue = dict(await db.fetchrow(RESCUE_BACKLOG_SQL.format(table=rescue_table),
                                     config.heartbeat_staleness))
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     return {
         "lock_holder": holder and _session(holder),
         "candidates": [_session(s) for s in sessions if not s["holds_lock"]],

@@ -28,8 +28,14 @@ from .branch import BranchSpec, supervise_branch
 from .context import MaintenanceContext
 from .db import DatabaseError
 from .errors import UnsupportedSchema
-from .schema import SUPPORTED_ENGINES, SUPPORTED_SCHEMA_VERSIONS, SchemaInfo, read_schema
-from .schema import unsupported_engine_message, unsupported_version_message
+from .schema import (
+    SUPPORTED_ENGINES,
+    SUPPORTED_SCHEMA_VERSIONS,
+    SchemaInfo,
+    read_schema,
+    unsupported_engine_message,
+    unsupported_version_message,
+)
 from .tracker_actor import TrackerClient, run_tracker
 
 log = logging.getLogger(__name__)

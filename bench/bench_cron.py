@@ -21,13 +21,12 @@ import argparse
 import itertools
 import statistics
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from awa_trio.cron import CronSchedule, MissedFirePolicy, compute_fire_times, parse_cron_expression
 from awa_trio.cron.expressions import CronExpression
 from awa_trio.cron.fire_times import _first_fire
 
-UTC = timezone.utc
 EXPRESSIONS = [
     "* * * * * *", "*/10 * * * * *", "* * * * *", "*/5 * * * *", "0 * * * *", "30 2 * * *",
     "0 9 * * 1-5", "0 0 1 * *", "0 0 L * *", "0 0 * * 5L", "15 10 * * 1#2", "0 0 13 * 5",

@@ -253,7 +253,7 @@ def run_rates(dsn_rows: list[tuple[str, int]], batch_sizes: list[int]) -> list[l
                 f"{batches[-1] * 1000:.0f} ms",
             ])
 
-    for (dsn, rows), batch_size in zip(dsn_rows, batch_sizes):
+    for (dsn, rows), batch_size in zip(dsn_rows, batch_sizes, strict=True):
         trio.run(one, dsn, rows, batch_size)
     return out
 
@@ -328,7 +328,7 @@ def run_other_batches(dsn: str, jobs: int) -> list[list[object]]:
 
 async def scenario_rates(dbs: Databases, args) -> None:
     prepared = []
-    for batch_size in args.batch_sizes:
+    for _ in args.batch_sizes:
         dsn = await dbs.fresh()
         await fill_expired(dsn, args.rows)
         prepared.append((dsn, args.rows))
@@ -444,7 +444,7 @@ async def steady_run(dbs: Databases, args, leader_kind: str) -> list[tuple[float
 async def scenario_steady(dbs: Databases, args) -> None:
     runs = {kind: await steady_run(dbs, args, kind) for kind in ("awa_trio", "upstream")}
     rows = []
-    for (at, trio_total, trio_done), (_, up_total, up_done) in zip(runs["awa_trio"], runs["upstream"]):
+    for (at, trio_total, _), (_, up_total, _) in zip(runs["awa_trio"], runs["upstream"], strict=False):
         rows.append([f"{at:.0f} s", f"{trio_total:,}", f"{up_total:,}"])
     rate = {kind: samples[-1][2] for kind, samples in runs.items()}
     table(

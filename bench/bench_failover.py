@@ -178,7 +178,7 @@ async def mixed_runs(dsn: str, runs: int) -> list[float]:
     conn = await asyncpg.connect(dsn)
     took: list[float] = []
     try:
-        for number in range(runs):
+        for _ in range(runs):
             leader = start_process("awa-pg", dsn)
             follower = None
             try:
@@ -219,7 +219,7 @@ async def follower_cpu(pairs: list[tuple[str, str, tuple[str, ...]]], seconds: f
         await asyncio.sleep(5.0)  # start-up is not following
         before = [cpu_seconds(follower.pid) for _, follower in started]
         await asyncio.sleep(seconds)
-        return [(cpu_seconds(follower.pid) - b) / seconds for (_, follower), b in zip(started, before)]
+        return [(cpu_seconds(follower.pid) - b) / seconds for (_, follower), b in zip(started, before, strict=True)]
     finally:
         for leader, follower in started:
             stop(follower)
@@ -336,9 +336,9 @@ async def designs(server: str, template: str, cpu_seconds_each: float) -> None:
     try:
         shares = await follower_cpu(
             [("awa_trio", dsn, ("--takeover-poll-interval", interval))
-             for dsn, interval in zip(dsns, intervals)], cpu_seconds_each)
+             for dsn, interval in zip(dsns, intervals, strict=True)], cpu_seconds_each)
         print(f"\nawa_trio follower CPU by takeover_poll_interval ({cpu_seconds_each:.0f} s, same window)")
-        for interval, share in zip(intervals, shares):
+        for interval, share in zip(intervals, shares, strict=True):
             print(f"  {interval:>6}: {share * 100:.2f} % of a core")
     finally:
         for dsn in dsns:
@@ -423,7 +423,7 @@ async def main() -> None:
     finally:
         await drop_database(args.server, template)
 
-    cpu = dict(zip(kinds, shares))
+    cpu = dict(zip(kinds, shares, strict=True))
     if args.skip_upstream:
         results["awa-pg"], cpu["awa-pg"] = {"sigkill": [float("nan")], "graceful": [float("nan")]}, float("nan")
     rows = [

@@ -198,7 +198,7 @@ async def main() -> None:
                 runs = [await one_run(args.server, template, leader, scenario, size, backlog,
                                       rescue_interval_ms)
                         for _ in range(args.runs)]
-                results[leader] = [statistics.median(column) for column in zip(*runs)]
+                results[leader] = [statistics.median(column) for column in zip(*runs, strict=True)]
             measures = [(0, "time", "s"), (1, "CPU", "s"), (2, "peak RSS", "MiB")]
             if scenario == "idle":
                 measures = measures[1:]  # its time is the fixed wait

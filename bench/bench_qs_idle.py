@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import asyncpg
@@ -24,8 +23,8 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from bench_leader import LOCK_HELD_SQL, process_cost  # noqa: E402
-from bench_qs_sustained import admin, make_queue_storage_database  # noqa: E402
+from bench_leader import LOCK_HELD_SQL, process_cost
+from bench_qs_sustained import admin, make_queue_storage_database
 
 AWA_PG_IDLE_LEADER = r"""
 import asyncio, signal, sys, awa
@@ -91,7 +90,7 @@ async def main() -> None:
     print("| --- | --- | --- | --- |")
     labels = ("CPU, start-up included", f"CPU, from {STARTUP_SECONDS:g} s in", "peak RSS")
     units = ("s", "s", "MiB")
-    for index, (label, unit) in enumerate(zip(labels, units)):
+    for index, (label, unit) in enumerate(zip(labels, units, strict=True)):
         theirs, ours = results["awa-pg"][index], results["awa_trio"][index]
         ratio = f"{ours / theirs:.2f}x" if theirs else "-"
         print(f"| {label} | {theirs:.2f} {unit} | {ours:.2f} {unit} | {ratio} |")

@@ -24,7 +24,7 @@ import asyncpg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support.qs_load import (  # noqa: E402
+from support.qs_load import (
     JOB_STATES_SQL,
     LOAD_WORKER_SCRIPT,
     RING_SAMPLE_SQL,
@@ -96,7 +96,7 @@ async def stop(process: asyncio.subprocess.Process) -> None:
         process.terminate()
         try:
             await asyncio.wait_for(process.wait(), 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             process.kill()
             await process.wait()
 
@@ -186,14 +186,15 @@ async def queue_counts(dsn: str) -> dict[str, int]:
 async def run_one(kind: str, server: str, rate: int, seconds: float) -> dict:
     name, dsn = await make_queue_storage_database(server)
     processes = []
+    drains = []  # referenced so the event loop does not drop them mid-run
     try:
         leader = await start_leader(kind, dsn)
         processes.append(leader)
-        asyncio.ensure_future(drain_output(leader))
+        drains.append(asyncio.ensure_future(drain_output(leader)))
         for _ in range(2):
             worker = await start_process(sys.executable, str(LOAD_WORKER_SCRIPT), dsn, "--workers", "16")
             await wait_for(worker, "READY")
-            asyncio.ensure_future(drain_output(worker))
+            drains.append(asyncio.ensure_future(drain_output(worker)))
             processes.append(worker)
         samples = RingSamples()
         stop_event = asyncio.Event()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-
 from conftest import in_thread
+from support.contexts import make_context
 
 from awa_trio.branches import admin_metadata
-from support.contexts import make_context
 
 
 async def insert_jobs(awa_client, kind: str, queue: str, count: int) -> list[int]:

@@ -13,11 +13,11 @@ import asyncpg
 import pytest
 import trio
 from conftest import in_thread
+from support.contexts import make_context
+from support.helpers import advisory_lock_holders
 
 from awa_trio.branches import batch_operations
 from awa_trio.branches.batch_operations import RUNNER_LOCK_KEY, run_once
-from support.contexts import make_context
-from support.helpers import advisory_lock_holders
 
 ORIGINAL_PRIORITY = "_awa_original_priority"
 ORIGINAL_QUEUE = "_awa_original_queue"
@@ -40,7 +40,7 @@ CANCEL_ON_ITEM_TRIGGER_SQL = """
 
 async def insert_job(awa_client, queue: str, *, priority: int = 2, scheduled: bool = False,
                      metadata: dict | None = None, tags: list[str] | None = None) -> int:
-    run_at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1) if scheduled else None
+    run_at = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1) if scheduled else None
     job = await in_thread(
         awa_client.insert, {"q": queue}, kind="batch_probe", queue=queue, priority=priority,
         run_at=run_at, metadata=metadata, tags=tags,
@@ -511,7 +511,7 @@ def test_decoding_reads_awa_pg_filters():
     assert plan.apply_args == ("q", None)
     assert plan.filter_args == (
         "scheduled", "k", None, "t", [3, 4],
-        dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.timezone.utc), None,
+        dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC), None,
     )
 
 

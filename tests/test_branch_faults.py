@@ -1,10 +1,12 @@
 """A database fault in one branch is logged, the others keep their cadence,
 and the faulty branch recovers once the fault clears."""
 
+import itertools
+
 import trio
+from support.probes import BodyRecorder
 
 from awa_trio import MaintenanceConfig, MaintenanceService
-from support.probes import BodyRecorder
 
 INTERVAL = 0.05
 
@@ -35,7 +37,7 @@ async def test_locked_table_fails_one_branch_only_and_it_recovers(database_url, 
                     await trio.sleep(0.02)
             during_fault = [t for t in sibling.starts if t >= fault_began]
         assert "[55P03]" in caplog.text, "lock_timeout turns the stall into a logged error"
-        gaps = [b - a for a, b in zip(during_fault, during_fault[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(during_fault)]
         assert len(during_fault) >= 5 and max(gaps) < 4 * INTERVAL, gaps
 
         # The lock is gone (transaction committed): the next tick promotes.

@@ -1,6 +1,7 @@
 """Branch actor timing under trio.testing.MockClock (no database): grid ticks,
 the skipped first tick, dropped missed ticks, and the tracker's cooldown in time."""
 
+import itertools
 import types
 
 import pytest
@@ -76,7 +77,7 @@ async def test_tracker_cooldown_keeps_a_slow_branch_running(autojump_clock, body
         tracker = await nursery.start(run_tracker, MaintenanceMetrics())
         await run_for(60, spec, tracker)
         nursery.cancel_scope.cancel()
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     # A body spans ceil(d/i) ticks; cooldown is at most 2*ceil(d/i) quiet ticks.
     spanned = -(-round(body_seconds * 1000) // round(interval * 1000))
     worst_gap = (spanned + 2 * spanned + 1) * interval

@@ -31,7 +31,7 @@ async def test_connection_storms_during_load_leadership_and_work_resume(database
     async def produce(stop: trio.Event) -> None:
         """Jobs due 0.2 s after insertion, every 50 ms, through awa-pg."""
         while not stop.is_set():
-            run_at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=0.2)
+            run_at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=0.2)
             job = await in_thread(awa_client.insert, {"n": len(inserted)}, kind=KIND, queue=QUEUE,
                                   run_at=run_at)
             inserted.append(job.id)

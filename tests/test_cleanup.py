@@ -7,10 +7,10 @@ import uuid
 
 import trio
 from conftest import in_thread
+from support.contexts import make_context
 
 from awa_trio.branches import cleanup
 from awa_trio.config import RetentionPolicy
-from support.contexts import make_context
 
 HOUR = 3600
 
@@ -334,7 +334,7 @@ async def test_a_failing_step_is_logged_and_the_other_steps_still_run(db, caplog
 
 async def test_a_finished_job_locked_by_another_transaction_is_skipped_not_waited_for(db):
     ctx = await make_context(db)
-    locked, free = await insert_finished(db, "default", "failed", 100, 2)
+    locked, _free = await insert_finished(db, "default", "failed", 100, 2)
 
     async with db.transaction() as conn:
         # E.g. an operator retrying the failed job right now.

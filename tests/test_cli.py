@@ -10,11 +10,11 @@ import sys
 
 import pytest
 import trio
+from support.helpers import leader_lock_holders
 
 from awa_trio.cli import env_name, flag_name, resolve
 from awa_trio.config import COUNT, INTERVAL, RETENTION, DlqPolicy, MaintenanceConfig, RetentionPolicy
 from awa_trio.errors import ConfigError
-from support.helpers import leader_lock_holders
 
 SETTING_FIELDS = [
     f for f in dataclasses.fields(MaintenanceConfig) if f.metadata["kind"] in (INTERVAL, RETENTION, COUNT)

@@ -4,7 +4,7 @@ and evaluator passes (run_once called directly)."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import trio
 
@@ -17,8 +17,6 @@ from awa_trio.cron.store import atomic_enqueue, list_cron_jobs, upsert_cron_job
 from awa_trio.db import open_database
 from awa_trio.metrics import MaintenanceMetrics
 from awa_trio.schema import CANONICAL, SchemaInfo
-
-UTC = timezone.utc
 
 JOBS_OF_SQL = """
     SELECT id, kind, queue, args, state::text AS state, priority, max_attempts, tags, metadata

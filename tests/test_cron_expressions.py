@@ -4,7 +4,7 @@ clear rejection; never a silently different fire."""
 from __future__ import annotations
 
 import itertools
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,6 @@ from awa_trio.cron.expressions import CronExpressionError, parse_cron_expression
 from awa_trio.cron.fire_times import CronSchedule
 
 DATA = Path(__file__).parent / "data"
-UTC = timezone.utc
 
 
 # -- what is accepted, and what it means -----------------------------------------
@@ -177,7 +176,7 @@ def test_croner_ground_truth_at_dst_transitions():
         case = f"{expression}|{zone}|{start}"
         schedule = CronSchedule.parse(expression, zone)
         got = list(itertools.islice(schedule.iter_fires(start), 5))
-        assert all(a < b for a, b in zip(got, got[1:])), case
+        assert all(a < b for a, b in itertools.pairwise(got)), case
         replay = next((i for i in range(1, len(expected)) if expected[i] <= expected[i - 1]), None)
         if got == expected:
             seen.add("same")

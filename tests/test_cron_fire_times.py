@@ -4,7 +4,8 @@ against a brute-force reading of croner's rules, second by second."""
 from __future__ import annotations
 
 import functools
-from datetime import datetime, timedelta, timezone
+import itertools
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -21,7 +22,6 @@ from awa_trio.cron.fire_times import (
     format_fire_time,
 )
 
-UTC = timezone.utc
 SECOND = timedelta(seconds=1)
 COALESCE, CATCH_UP = MissedFirePolicy.COALESCE, MissedFirePolicy.CATCH_UP
 
@@ -342,7 +342,7 @@ def test_policies_agree_with_brute_force(data, text, zone_name):
     caught_up = compute(CATCH_UP)
     assert caught_up == expected[:limit]
     assert compute(COALESCE) == expected[-1:]
-    assert all(a < b for a, b in zip(caught_up, caught_up[1:]))
+    assert all(a < b for a, b in itertools.pairwise(caught_up))
     assert all(last < fire <= now for fire in caught_up)
     # First registration: only the latest fire since created_at - 1 min, whatever the policy.
     created_at = last + timedelta(seconds=60)

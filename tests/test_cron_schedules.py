@@ -4,7 +4,7 @@ at registration, with a message naming the schedule."""
 from __future__ import annotations
 
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -20,8 +20,6 @@ from awa_trio.cron import (
     validate_periodic_jobs,
 )
 from awa_trio.errors import ConfigError
-
-UTC = timezone.utc
 
 
 def test_defaults_match_upstream():

@@ -119,7 +119,7 @@ async def test_transaction_rolls_back_on_error_and_on_cancel(db):
     with pytest.raises(ZeroDivisionError):
         async with db.transaction() as conn:
             await conn.execute("INSERT INTO t VALUES (1)")
-            1 / 0
+            1 / 0  # noqa: B018 - raises inside the transaction on purpose
     with trio.move_on_after(0.2):
         async with db.transaction() as conn:
             await conn.execute("INSERT INTO t VALUES (2)")
@@ -135,7 +135,7 @@ async def test_jsonb_round_trips_as_python_objects(db):
 
 
 async def test_unreachable_server_and_bad_urls_are_connection_errors():
-    with pytest.raises(ConnectionLost, match="refused|Connect call failed"):
+    with pytest.raises(ConnectionLost, match=r"refused|Connect call failed"):
         async with open_database("postgresql://postgres@127.0.0.1:1/x", connect_timeout=2):
             pass
     with pytest.raises(ConnectionLost, match="invalid"):

@@ -10,10 +10,11 @@ import dataclasses
 import math
 from datetime import timedelta
 
-import asyncpg
 import pytest
 import trio
 from conftest import in_thread
+from support.awa_pg import awa_pg_worker
+from support.contexts import make_context
 from test_rescue import (
     CALLBACK_ERROR,
     DEADLINE_ERROR,
@@ -24,14 +25,11 @@ from test_rescue import (
 )
 from test_rescue_fallback import CLAIM_BY_HAND_SQL, MASK_WITHOUT_RUNNING, insert_unique
 
-from awa_trio.branches import cleanup, priority_aging, rescue_callbacks, rescue_deadlines
-from awa_trio.branches import rescue_heartbeats
+from awa_trio.branches import cleanup, priority_aging, rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from awa_trio.config import MaintenanceConfig
 from awa_trio.drain import PAUSE_RATIO, BatchOutcome, DrainBudget, drain, tick_budget
 from awa_trio.hooks import FollowUpJob, Hooks, JobRescued
 from awa_trio.leadership import LOCK_KEY
-from support.awa_pg import awa_pg_worker
-from support.contexts import make_context
 
 BATCH = 50
 #: More than ten batches, and not a multiple of the batch size.

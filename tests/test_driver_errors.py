@@ -19,12 +19,12 @@ import logging
 
 import asyncpg
 import trio
+from support.probes import BodyRecorder
+from support.takeover import backend_pids, terminate_backends
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.db import ConnectionLost, DatabaseError, QueryError, open_database, translate_error
 from awa_trio.leadership import LOCK_KEY
-from support.probes import BodyRecorder
-from support.takeover import backend_pids, terminate_backends
 
 #: Delays (s) between pg_terminate_backend returning and the next statement:
 #: 0-5 ms covers the window measured here (about a third of statements sent

@@ -5,7 +5,7 @@ of exactly the rescued attempt."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import trio
@@ -19,7 +19,7 @@ from awa_trio.hooks import FollowUpJob, Hooks, JobRescued, RescueReason
 from awa_trio.jobs import JobRow
 from awa_trio.service import MaintenanceService
 
-EPOCH = datetime(2024, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def job(job_id: int = 1, kind: str = "k", run_lease: int = 1) -> JobRow:
@@ -216,7 +216,7 @@ FOLLOW_UPS_SQL = """
 
 async def test_follow_up_jobs_are_inserted_after_the_rescue(db):
     hooks = Hooks()
-    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    later = datetime.now(UTC) + timedelta(hours=1)
     hooks.on_rescued_enqueue("rescue_test", lambda job, reason: [
         FollowUpJob("follow_audit", {"job_id": job.id, "reason": reason}, queue="audit",
                     priority=1, max_attempts=3, metadata={"origin": "rescue"}, tags=["r"]),

@@ -13,8 +13,8 @@ import trio
 from conftest import in_thread
 
 from awa_trio import MaintenanceConfig, MaintenanceService
-from awa_trio.http_api import parse_address, prometheus_meter_provider
 from awa_trio.errors import ConfigError
+from awa_trio.http_api import parse_address, prometheus_meter_provider
 
 FAST = MaintenanceConfig(leader_election_interval=0.2, leader_check_interval=0.5,
                          promote_interval=0.05, queue_stats_interval=0.2,
@@ -181,7 +181,7 @@ async def test_every_series_of_awas_grafana_dashboard_is_scraped(qs_database_url
             await in_thread(qs_awa_client.insert, {}, kind="grafana_hang", queue="grafana")
             await worker.wait_for_line("START", timeout=30)
             worker.kill()
-        past = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1)
+        past = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
         for _ in range(3):
             await in_thread(qs_awa_client.insert, {}, kind="grafana_later", queue="grafana", run_at=past)
         # A paused queue's ready job keeps its queue slot busy.

@@ -4,13 +4,13 @@ and a mixed fleet with a real awa-pg 0.6.1 runtime."""
 import logging
 
 import trio
+from support.awa_pg import awa_pg_worker
+from support.helpers import leader_lock_holders
+from support.probes import BodyRecorder, assert_bodies_ran_only_while_leading, wait_for_any_leader
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.db import CLEANUP_TIMEOUT, ConnectionLost
 from awa_trio.leadership import LOCK_KEY, LeaderElector, LeadershipState
-from support.awa_pg import awa_pg_worker
-from support.helpers import leader_lock_holders
-from support.probes import BodyRecorder, assert_bodies_ran_only_while_leading, wait_for_any_leader
 
 ELECTION = 0.2
 CHECK = 0.3
@@ -60,7 +60,7 @@ async def test_terminated_lock_connection_fails_over_and_rejoins(database_url, d
 
         new_leader = await wait_for_any_leader(*services, timeout=ELECTION + 2)
         assert await leader_lock_holders(db) == [new_leader.lock_backend_pid]
-        for service, probe in zip(services, probes):
+        for service, probe in zip(services, probes, strict=True):
             assert_bodies_ran_only_while_leading(service, probe)
 
         # The old leader rejoined the election: it leads once the other stops.

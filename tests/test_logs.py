@@ -47,7 +47,7 @@ async def test_json_lines_carry_branch_and_term(database_url):
         "--periodic-job", "tick=* * * * *;kind=tick"))
     assert code == 0, out
     records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert records and len(records) == len([l for l in out.splitlines() if l.strip()]), out[:2000]
+    assert records and len(records) == len([line for line in out.splitlines() if line.strip()]), out[:2000]
     assert {"time", "level", "logger", "message", "branch", "term"} <= set(records[0])
     in_branches = {r["branch"] for r in records if r["branch"] and r["term"] == 1}
     assert "cron_sync" in in_branches, [r for r in records if r["branch"]][:10]

@@ -11,12 +11,12 @@ rejoins as a candidate.
 from urllib.parse import urlsplit, urlunsplit
 
 import trio
-
-from awa_trio import MaintenanceService
 from support.helpers import leader_lock_holders
 from support.probes import BodyRecorder, assert_bodies_ran_only_while_leading
 from support.proxy import postgres_proxy
 from test_leadership import CHECK, ELECTION, FAST
+
+from awa_trio import MaintenanceService
 
 
 def through(proxy, database_url: str) -> str:

@@ -6,9 +6,9 @@ import datetime as dt
 
 import trio
 from conftest import in_thread
+from support.contexts import make_context
 
 from awa_trio.branches import priority_aging
-from support.contexts import make_context
 
 ORIGINAL = "_awa_original_priority"
 
@@ -46,7 +46,7 @@ async def test_waiting_jobs_move_up_one_level_per_pass_keeping_the_first_origina
         " WHERE id = $1",
         running,
     )
-    future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    future = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     scheduled = (
         await in_thread(awa_client.insert, {"n": 1}, kind="aging_probe", priority=4, run_at=future)
     ).id

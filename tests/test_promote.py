@@ -7,16 +7,16 @@ import logging
 import asyncpg
 import pytest
 import trio
+from conftest import in_thread
+from support.awa_pg import awa_pg_worker
+from support.helpers import metric_points
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.branches import promote
 from awa_trio.db import UniqueViolation
 from awa_trio.hooks import Hooks, JobCancelled
-from conftest import in_thread
-from support.awa_pg import awa_pg_worker
-from support.helpers import metric_points
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 RETRY_HISTORY_SQL = """
     UPDATE awa.scheduled_jobs
     SET state = 'retryable',
@@ -109,7 +109,7 @@ async def test_running_leader_promotes_due_rows_exactly(database_url, db, awa_cl
     assert {attrs["awa.job.state"] for attrs, _ in durations} == {"scheduled", "retryable"}
     batches = sum(point.value for _, point in metric_points(metric_reader, "awa.maintenance.promote_batches"))
     assert sum(point.count for _, point in durations) == batches
-    assert all(0 <= point.min and point.max < 5 for _, point in durations)
+    assert all(point.min >= 0 and point.max < 5 for _, point in durations)
 
 
 async def test_job_failed_by_an_awa_pg_worker_is_promoted_and_run_again(database_url, db, awa_client):
@@ -288,7 +288,7 @@ async def test_a_due_job_that_cannot_even_be_cancelled_is_left_and_logged(mainte
 
 
 async def test_the_leader_reports_the_cancelled_duplicate_to_hooks(database_url, db):
-    due, holder = await superseded_due_job(db, "scheduled")
+    due, _holder = await superseded_due_job(db, "scheduled")
     events = []
     hooks = Hooks()
     hooks.on_event("sync_account", events.append)

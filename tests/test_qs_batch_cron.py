@@ -64,7 +64,7 @@ async def live_job(db, job_id: int) -> list[dict]:
 
 async def insert(awa_client, queue: str, *, priority: int = 2, scheduled: bool = False,
                  metadata: dict | None = None) -> int:
-    run_at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1) if scheduled else None
+    run_at = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1) if scheduled else None
     job = await in_thread(awa_client.insert, {"q": queue}, kind=KIND, queue=queue,
                           priority=priority, run_at=run_at, metadata=metadata)
     return job.id

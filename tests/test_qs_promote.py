@@ -200,7 +200,7 @@ async def test_a_unique_conflict_inside_one_batch_falls_back_row_by_row(
     assert result.row_by_row == ["scheduled"]
     assert await qs_db.fetchval("SELECT job_id FROM awa.job_unique_claims") == first
     assert await deferred_count(qs_db) == 1
-    assert await ready_count(qs_db, f"job_id = ANY(ARRAY{others + [first]}::bigint[])") == 5
+    assert await ready_count(qs_db, f"job_id = ANY(ARRAY{[*others, first]}::bigint[])") == 5
     # Next tick the waiting job is left out of the batch: no conflict, no fallback.
     result = await promote.run_once(qs_ctx)
     assert result.promoted == {"scheduled": 0, "retryable": 0} and result.row_by_row == []

@@ -60,7 +60,7 @@ async def age_ready_jobs(db, queue: str, seconds: float) -> None:
 async def test_depth_per_state_lag_and_dlq_depth_of_what_awa_pg_made(
     qs_database_url, qs_db, qs_awa_client, meter_provider, metric_reader
 ):
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     for _ in range(3):
         await insert(qs_awa_client, "ready")
     await age_ready_jobs(qs_db, "ready", 60)

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import pytest
 import trio
-
-from awa_trio.hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
-from awa_trio.jobs import QUEUE_STORAGE
-from awa_trio.queue_storage import rescue_deadlines, rescue_heartbeats
 from support.contexts import make_context
 from support.helpers import metric_points
 from support.qs_rescue import (
@@ -22,6 +18,10 @@ from support.qs_rescue import (
     open_attempts,
     states,
 )
+
+from awa_trio.hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
+from awa_trio.jobs import QUEUE_STORAGE
+from awa_trio.queue_storage import rescue_deadlines, rescue_heartbeats
 
 STALENESS = 60.0
 

@@ -561,7 +561,7 @@ async def run_claim_plane_example(dsn: str, slot_count: int, ops) -> None:
                 if compact:
                     row = await db.fetchrow(COMPACT_CLAIM_SQL, jobs)
                     assert row["claim_slot"] == current
-                    for job_id, receipt_id in zip(jobs, row["receipt_ids"]):
+                    for job_id, receipt_id in zip(jobs, row["receipt_ids"], strict=True):
                         claims[job_id] = ModelClaim(current, receipt_id)
                 else:
                     for job_id in jobs:

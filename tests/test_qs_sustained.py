@@ -12,8 +12,8 @@ import sys
 
 import trio
 from support.helpers import metric_points
-from support.qs_rings import exact_terminal_total
 from support.qs_load import JOB_STATES_SQL, LOAD_WORKER_SCRIPT, RING_SAMPLE_SQL, RINGS, RingSamples
+from support.qs_rings import exact_terminal_total
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.metrics import MAINTENANCE_PRUNE_ATTEMPTS
@@ -61,11 +61,11 @@ async def produce(client) -> tuple[int, int]:
     for tick in range(ticks):
         fails = RATE_PER_TICK // BOOM_EVERY
         leased = RATE_PER_TICK // BOOM_EVERY
-        await trio.to_thread.run_sync(lambda: client.insert_many_copy(
+        await trio.to_thread.run_sync(lambda fails=fails, leased=leased: client.insert_many_copy(
             [{"n": n} for n in range(RATE_PER_TICK - fails - leased)], kind="ok", queue=QUEUE))
-        await trio.to_thread.run_sync(lambda: client.insert_many_copy(
+        await trio.to_thread.run_sync(lambda leased=leased: client.insert_many_copy(
             [{"n": n} for n in range(leased)], kind="leased", queue=QUEUE))
-        await trio.to_thread.run_sync(lambda: client.insert_many_copy(
+        await trio.to_thread.run_sync(lambda fails=fails: client.insert_many_copy(
             [{"n": n} for n in range(fails)], kind="boom", queue=QUEUE, max_attempts=1))
         ok += RATE_PER_TICK - fails
         boom += fails

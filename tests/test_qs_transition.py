@@ -34,13 +34,13 @@ from pathlib import Path
 
 import pytest
 import trio
+from support.awa_pg import WorkerProcess
+from support.contexts import make_context
+from support.helpers import leader_lock_holders
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.db import QueryError
 from awa_trio.queue_storage import canonical_drain
-from support.awa_pg import WorkerProcess
-from support.contexts import make_context
-from support.helpers import leader_lock_holders
 
 # CI runs these on schema 40 (awa-pg 0.6.9) too.
 pytestmark = pytest.mark.queue_storage
@@ -538,7 +538,7 @@ async def test_drain_rescue_fails_a_last_attempt_and_retries_the_others(db, awa_
     canonical row; the drain's rescue records the failure of a last attempt
     instead of re-running it for ever, and retries the others as usual."""
     for token, max_attempts in (("last", 2), ("more", 3)):
-        await trio.to_thread.run_sync(lambda: awa_client.insert(
+        await trio.to_thread.run_sync(lambda token=token, max_attempts=max_attempts: awa_client.insert(
             {"token": token}, kind="k", queue="q", max_attempts=max_attempts))
     past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
     deadline = past if rescue == "deadline" else None

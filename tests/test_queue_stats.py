@@ -6,6 +6,7 @@ import datetime as dt
 
 import pytest
 from conftest import in_thread
+from support.contexts import make_context
 from support.helpers import metric_points
 
 from awa_trio.branches import admin_metadata, queue_stats
@@ -16,7 +17,6 @@ from awa_trio.metrics import (
     QUEUE_DEPTH,
     QUEUE_LAG,
 )
-from support.contexts import make_context
 
 
 async def insert(awa_client, queue: str, **options) -> int:
@@ -71,7 +71,7 @@ async def test_depth_and_lag_per_queue_match_awa_pg_queue_stats(
                     " callback_timeout_at = now() + interval '1 hour'")
     await set_state(db, "jobs_hot", await insert(awa_client, "busy"), "completed",
                     ", finalized_at = now()")
-    future = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    future = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     for _ in range(2):
         await insert(awa_client, "busy", run_at=future)
     await set_state(db, "scheduled_jobs", await insert(awa_client, "busy", run_at=future),
@@ -174,7 +174,7 @@ async def test_drained_and_vanished_queues_stop_reporting_old_values(
     drained = await insert(awa_client, "drained")
     await db.execute("UPDATE awa.jobs_hot SET run_at = now() - interval '5 minutes' WHERE id = $1", drained)
     gone = await insert(awa_client, "gone")
-    await insert(awa_client, "idle", run_at=dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1))
+    await insert(awa_client, "idle", run_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
     await flush_admin_cache(ctx)
     await queue_stats.run_once(ctx)
     assert lag_points(metric_reader)["drained"] >= 290

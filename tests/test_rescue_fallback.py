@@ -231,7 +231,7 @@ async def test_per_row_rescue_rechecks_the_predicate(db, awa_client):
     """The fallback's candidates are not locked; each row's predicate is
     checked again in its own statement, so a row whose heartbeat is fresh by
     then is left alone."""
-    a, b = await superseded_pair(db, awa_client, 44, MASK_WITHOUT_RUNNING)
+    a, _b = await superseded_pair(db, awa_client, 44, MASK_WITHOUT_RUNNING)
     now = await db_now(db)
     recovered = await insert_running(db, now)
     ctx = await make_context(db)

@@ -5,12 +5,12 @@ import logging
 
 import pytest
 import trio
+from support.helpers import leader_lock_holders
 
 from awa_trio import MaintenanceConfig, MaintenanceService, UnsupportedSchema
 from awa_trio.branches.registry import default_branches
 from awa_trio.schema import check_schema
 from awa_trio.supervisor import STORAGE_POLL_INTERVAL
-from support.helpers import leader_lock_holders
 
 SWITCH_TO_QUEUE_STORAGE_SQL = """
     UPDATE awa.storage_transition_state

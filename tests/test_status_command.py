@@ -66,7 +66,7 @@ async def test_status_names_the_awa_trio_leader_and_the_backlog(database_url, db
         [cron] = report["cron"]
         assert cron["name"] == "nightly" and cron["last_fire"] is None
         next_fire = dt.datetime.fromisoformat(cron["next_fire"])
-        assert next_fire.astimezone(dt.timezone.utc) > dt.datetime.now(dt.timezone.utc)
+        assert next_fire.astimezone(dt.UTC) > dt.datetime.now(dt.UTC)
 
         table = await run_status(database_url)
         assert table.returncode == 0
@@ -80,7 +80,7 @@ async def test_status_names_the_awa_trio_leader_and_the_backlog(database_url, db
 async def test_status_on_queue_storage_led_by_an_awa_pg_runtime(qs_database_url, qs_db, qs_awa_client):
     from support.awa_pg import awa_pg_worker
 
-    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(milliseconds=300)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(milliseconds=300)
     async with awa_pg_worker(qs_database_url, "other:elsewhere", extra_args=[
             "--role", "auto", "--leader-election-interval-ms", "100", "--mute-maintenance"]):
         for _ in range(2):

@@ -4,10 +4,10 @@ import logging
 
 import pytest
 import trio
-
-from awa_trio import MaintenanceConfig, MaintenanceService
 from support.helpers import leader_lock_holders
 from support.probes import BodyRecorder
+
+from awa_trio import MaintenanceConfig, MaintenanceService
 
 FAST = MaintenanceConfig(
     leader_election_interval=0.2,

@@ -12,11 +12,6 @@ import logging
 import os
 
 import trio
-
-from awa_trio import MaintenanceConfig, MaintenanceService
-from awa_trio.db import open_database
-from awa_trio.leadership import LOCK_APPLICATION_NAME as ELECTION_NAME
-from awa_trio.leadership import LOCK_KEY
 from support.awa_pg import awa_pg_worker
 from support.helpers import leader_lock_holders
 from support.takeover import (
@@ -26,6 +21,11 @@ from support.takeover import (
     wait_for_election_backends,
     wait_for_new_holder,
 )
+
+from awa_trio import MaintenanceConfig, MaintenanceService
+from awa_trio.db import open_database
+from awa_trio.leadership import LOCK_APPLICATION_NAME as ELECTION_NAME
+from awa_trio.leadership import LOCK_KEY
 
 #: Timed assertions allow for a loaded machine; the target is 1 s (SIGKILL)
 #: and 0.2 s (graceful).

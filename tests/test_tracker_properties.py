@@ -76,7 +76,7 @@ class OverrunMachine(RuleBasedStateMachine):
     def setup(self, intervals):
         self.tracker = OverrunTracker()
         self.model = OverrunModel()
-        self.intervals = dict(zip(BRANCHES, intervals))
+        self.intervals = dict(zip(BRANCHES, intervals, strict=True))
 
     @rule(
         branch=st.sampled_from(BRANCHES),

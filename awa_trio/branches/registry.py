@@ -20,15 +20,14 @@ from ..config import MaintenanceConfig
 from ..context import MaintenanceContext
 from ..cron import cron_branches
 from ..db import DatabaseError, describe_error
-from ..queue_storage import canonical_drain
 from ..queue_storage import batch_operations as qs_batch_operations
+from ..queue_storage import canonical_drain, rotate_claim, rotate_lease, rotate_queue, terminal_count_rollup
 from ..queue_storage import cleanup as qs_cleanup
 from ..queue_storage import promote as qs_promote
 from ..queue_storage import queue_stats as qs_queue_stats
 from ..queue_storage import rescue_callbacks as qs_rescue_callbacks
 from ..queue_storage import rescue_deadlines as qs_rescue_deadlines
 from ..queue_storage import rescue_heartbeats as qs_rescue_heartbeats
-from ..queue_storage import rotate_claim, rotate_lease, rotate_queue, terminal_count_rollup
 from ..schema import SchemaInfo
 from . import (
     admin_metadata,

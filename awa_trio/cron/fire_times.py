@@ -47,12 +47,11 @@ import dataclasses
 import enum
 import functools
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from .expressions import CronExpression, parse_cron_expression
 
-UTC = timezone.utc
 ONE_SECOND = timedelta(seconds=1)
 #: Most fires one schedule enqueues per evaluator pass under catch_up.
 CATCH_UP_LIMIT = 1000

@@ -49,8 +49,8 @@ from typing import Any
 
 from ..branches.queue_stats import DEPTH_STATES
 from ..context import MaintenanceContext
-from ..queue_info import publish_queue_info
 from ..db import Connection, QueryError, describe_error
+from ..queue_info import publish_queue_info
 from .layout import schema_name
 
 log = logging.getLogger(__name__)

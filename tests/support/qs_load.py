@@ -5,6 +5,7 @@ Shared by tests/test_qs_sustained.py and bench/bench_qs_sustained.py."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 from pathlib import Path
 
@@ -60,7 +61,7 @@ class RingSamples:
         if not self.times:
             return []
         edges = [self.times[0], *changes, self.times[-1]]
-        return [b - a for a, b in zip(edges, edges[1:])]
+        return [b - a for a, b in itertools.pairwise(edges)]
 
     def longest_stall(self, ring: str) -> float:
         return max(self.stalls(ring), default=0.0)
