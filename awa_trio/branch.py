@@ -106,8 +106,11 @@ async def run_body(spec: BranchSpec, ctx: MaintenanceContext) -> BodyOutcome:
         return BodyOutcome(error=f"database error {describe_error(exc)}")
     except trio.TooSlowError:
         ctx.metrics.record_branch_error(spec.name)
-        log.error("%s: body ran longer than branch_timeout (%.1fs) and was cancelled",
-                  spec.name, ctx.config.branch_timeout)
+        log.error(
+            "%s: body ran longer than branch_timeout (%.1fs) and was cancelled",
+            spec.name,
+            ctx.config.branch_timeout,
+        )
         return BodyOutcome(error=f"ran longer than branch_timeout ({ctx.config.branch_timeout:g}s)")
     # Closes a connection-trouble episode the log filter opened (the body may
     # have logged its own errors, step by step, and still come back).
@@ -137,9 +140,11 @@ async def supervise_branch(
                 crashes.popleft()
             if len(crashes) > limit:
                 log.critical(
-                    "%s: crashed %d times within %.0fs; giving up leadership so a healthy "
-                    "node can take over",
-                    spec.name, len(crashes), window, exc_info=exc,
+                    "%s: crashed %d times within %.0fs; giving up leadership so a healthy node can take over",
+                    spec.name,
+                    len(crashes),
+                    window,
+                    exc_info=exc,
                 )
                 raise LeadershipAbandoned(
                     f"branch {spec.name} crashed {len(crashes)} times within {window:g}s"
@@ -147,5 +152,9 @@ async def supervise_branch(
             ctx.metrics.record_branch_error(spec.name)
             log.error(
                 "%s: crashed (%d of %d allowed within %.0fs); restarting",
-                spec.name, len(crashes), limit, window, exc_info=exc,
+                spec.name,
+                len(crashes),
+                limit,
+                window,
+                exc_info=exc,
             )

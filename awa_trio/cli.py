@@ -91,10 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
             "--config FILE (TOML); flags win over the environment, which wins over the file."
         ),
     )
-    parser.add_argument("command", nargs="?", choices=COMMANDS, default="run",
-                        help="run the leader (default); migrate: install the awa schema with awa-pg; "
-                             "status: report leadership and backlog from the database; "
-                             "demo: a throwaway PostgreSQL with a small workload")
+    parser.add_argument(
+        "command",
+        nargs="?",
+        choices=COMMANDS,
+        default="run",
+        help="run the leader (default); migrate: install the awa schema with awa-pg; "
+        "status: report leadership and backlog from the database; "
+        "demo: a throwaway PostgreSQL with a small workload",
+    )
     parser.add_argument(
         "--database-url",
         help=f"PostgreSQL URL (env AWA_DATABASE_URL or DATABASE_URL; default {DEFAULT_DATABASE_URL})",
@@ -102,27 +107,49 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"awa_trio {__version__}")
     parser.add_argument("--config", metavar="FILE", help="TOML file with settings (env AWA_CONFIG)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (env AWA_LOG_LEVEL; default INFO)")
-    parser.add_argument("--log-format", help="text or json: one JSON object per line with the branch "
-                                             "and leadership term (env AWA_LOG_FORMAT; default text)")
-    parser.add_argument("--metrics-addr", metavar="HOST:PORT",
-                        help="serve Prometheus /metrics and /livez, /readyz, /status on this address "
-                             "(env AWA_METRICS_ADDR; default off)")
-    parser.add_argument("--json", action="store_true", help="status: print JSON instead of tables")
-    parser.add_argument("--engine", choices=("queue_storage", "canonical"), default="queue_storage",
-                        help="demo: the storage engine to show (default queue_storage, Awa 0.6's)")
-    parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
-                        help="demo: stop by itself after this long (default: at Ctrl-C)")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the effective settings as JSON and exit")
     parser.add_argument(
-        "--periodic-job", action="append", default=None, metavar="NAME=EXPR;kind=KIND[;key=value...]",
-        help="register a periodic (cron) job (repeatable; env AWA_PERIODIC_JOBS, one per line); "
-             "keys: kind, queue, timezone, args (JSON), priority, max_attempts, tags (a,b), "
-             "metadata (JSON), missed_fire_policy; e.g. 'report=30 2 * * *;kind=report;"
-             "timezone=Europe/London'",
+        "--log-format",
+        help="text or json: one JSON object per line with the branch "
+        "and leadership term (env AWA_LOG_FORMAT; default text)",
     )
     parser.add_argument(
-        "--disable-branch", action="append", default=None, metavar="NAME",
+        "--metrics-addr",
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics and /livez, /readyz, /status on this address "
+        "(env AWA_METRICS_ADDR; default off)",
+    )
+    parser.add_argument("--json", action="store_true", help="status: print JSON instead of tables")
+    parser.add_argument(
+        "--engine",
+        choices=("queue_storage", "canonical"),
+        default="queue_storage",
+        help="demo: the storage engine to show (default queue_storage, Awa 0.6's)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="demo: stop by itself after this long (default: at Ctrl-C)",
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the effective settings as JSON and exit"
+    )
+    parser.add_argument(
+        "--periodic-job",
+        action="append",
+        default=None,
+        metavar="NAME=EXPR;kind=KIND[;key=value...]",
+        help="register a periodic (cron) job (repeatable; env AWA_PERIODIC_JOBS, one per line); "
+        "keys: kind, queue, timezone, args (JSON), priority, max_attempts, tags (a,b), "
+        "metadata (JSON), missed_fire_policy; e.g. 'report=30 2 * * *;kind=report;"
+        "timezone=Europe/London'",
+    )
+    parser.add_argument(
+        "--disable-branch",
+        action="append",
+        default=None,
+        metavar="NAME",
         help="do not run this maintenance branch (repeatable; env AWA_DISABLE_BRANCHES, comma-separated)",
     )
 
@@ -133,21 +160,32 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         metavar = "N" if kind == COUNT else "DURATION"
         settings.add_argument(
-            flag_name(field.name), dest=field.name, metavar=metavar,
+            flag_name(field.name),
+            dest=field.name,
+            metavar=metavar,
             help=f"{field.metadata['help']} (env {env_name(field.name)}; default {_default_text(field)})",
         )
     settings.add_argument(
-        "--queue-retention", "--queue-retention-overrides", dest="queue_retention",
-        action="append", default=None, metavar="QUEUE=COMPLETED[,FAILED[,DLQ]]",
+        "--queue-retention",
+        "--queue-retention-overrides",
+        dest="queue_retention",
+        action="append",
+        default=None,
+        metavar="QUEUE=COMPLETED[,FAILED[,DLQ]]",
         help="retention override for one queue, e.g. emails=1h,12h (repeatable; env "
-             "AWA_QUEUE_RETENTION or AWA_QUEUE_RETENTION_OVERRIDES, ';'-separated)",
+        "AWA_QUEUE_RETENTION or AWA_QUEUE_RETENTION_OVERRIDES, ';'-separated)",
     )
     settings.add_argument(
-        "--dlq-queue", action="append", default=None, metavar="QUEUE=on|off",
+        "--dlq-queue",
+        action="append",
+        default=None,
+        metavar="QUEUE=on|off",
         help="dead-letter policy override for one queue (repeatable; env AWA_DLQ_QUEUES)",
     )
     settings.add_argument(
-        "--dlq-enabled-default", choices=("on", "off"), default=None,
+        "--dlq-enabled-default",
+        choices=("on", "off"),
+        default=None,
         help="dead-letter queues without an override (env AWA_DLQ_ENABLED_DEFAULT; default off)",
     )
     return parser
@@ -158,9 +196,7 @@ def parse_queue_retention(text: str) -> tuple[str, RetentionPolicy]:
     queue, sep, values = text.partition("=")
     parts = [part.strip() for part in values.split(",")] if sep else []
     if not queue.strip() or not parts or not parts[0] or len(parts) > 3:
-        raise ConfigError(
-            f"queue retention {text!r} must look like QUEUE=COMPLETED[,FAILED[,DLQ]]"
-        )
+        raise ConfigError(f"queue retention {text!r} must look like QUEUE=COMPLETED[,FAILED[,DLQ]]")
     names = ("completed", "failed", "dlq")
     values = {name: value for name, value in zip(names, parts, strict=False) if value}
     return queue.strip(), retention_policy_from(values, field=f"queue retention {queue.strip()}")
@@ -272,8 +308,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
 
     dlq_specs = [(spec, "--dlq-queue") for spec in args.dlq_queue or ()]
     if args.dlq_queue is None and environ.get("AWA_DLQ_QUEUES"):
-        dlq_specs = [(s, "AWA_DLQ_QUEUES") for s in re.split(r"[;,]", environ["AWA_DLQ_QUEUES"])
-                     if s.strip()]
+        dlq_specs = [(s, "AWA_DLQ_QUEUES") for s in re.split(r"[;,]", environ["AWA_DLQ_QUEUES"]) if s.strip()]
     dlq_default = None
     if args.dlq_enabled_default is not None:
         dlq_default = parse_switch(args.dlq_enabled_default, "--dlq-enabled-default")
@@ -363,8 +398,7 @@ async def serve(service: MaintenanceService) -> None:
 
             async def stop_on_signal() -> None:
                 async for signum in signals:
-                    log.info("received %s; releasing leadership and stopping",
-                             signal.Signals(signum).name)
+                    log.info("received %s; releasing leadership and stopping", signal.Signals(signum).name)
                     nursery.cancel_scope.cancel(reason=f"{signal.Signals(signum).name} received")
                     return
 
@@ -393,8 +427,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if invocation.command == "demo":
             from .demo import run_demo
 
-            return trio.run(run_demo, invocation.demo_engine,
-                            invocation.metrics_addr or "127.0.0.1:9464", invocation.demo_duration)
+            return trio.run(
+                run_demo,
+                invocation.demo_engine,
+                invocation.metrics_addr or "127.0.0.1:9464",
+                invocation.demo_duration,
+            )
         if invocation.command == "status":
             from .status import print_status
 

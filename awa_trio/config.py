@@ -166,13 +166,13 @@ def retention_policy_from(values: Mapping[str, Any], *, field: str) -> Retention
     prefixed by ``field`` so they say which queue is wrong."""
     for name in values:
         if name not in _RETENTION_FIELDS:
-            raise ConfigError(
-                f"{field}: unknown retention setting {name!r} (use completed, failed, dlq)"
-            )
-    return RetentionPolicy(**{
-        name: None if name == "dlq" and value is None else _retention_seconds(f"{field}.{name}", value)
-        for name, value in values.items()
-    })
+            raise ConfigError(f"{field}: unknown retention setting {name!r} (use completed, failed, dlq)")
+    return RetentionPolicy(
+        **{
+            name: None if name == "dlq" and value is None else _retention_seconds(f"{field}.{name}", value)
+            for name, value in values.items()
+        }
+    )
 
 
 def _require_switch(field: str, value: Any) -> bool:
@@ -225,125 +225,177 @@ class MaintenanceConfig:
 
     # Leadership.
     leader_election_interval: float = setting(
-        DEFAULT_LEADER_ELECTION_INTERVAL, INTERVAL,
+        DEFAULT_LEADER_ELECTION_INTERVAL,
+        INTERVAL,
         "How long a node waits after a failed election attempt or leadership term before it "
-        "tries again (healthy followers poll every takeover_poll_interval).")
+        "tries again (healthy followers poll every takeover_poll_interval).",
+    )
     leader_check_interval: float = setting(
-        DEFAULT_LEADER_CHECK_INTERVAL, INTERVAL, "How often the leader verifies it still holds the lock.")
+        DEFAULT_LEADER_CHECK_INTERVAL, INTERVAL, "How often the leader verifies it still holds the lock."
+    )
 
     # Rescue and promotion.
     promote_interval: float = setting(
-        DEFAULT_PROMOTE_INTERVAL, INTERVAL, "Promotion of due scheduled and retryable jobs.")
+        DEFAULT_PROMOTE_INTERVAL, INTERVAL, "Promotion of due scheduled and retryable jobs."
+    )
     heartbeat_rescue_interval: float = setting(
-        DEFAULT_HEARTBEAT_RESCUE_INTERVAL, INTERVAL, "Sweep for running jobs with a stale heartbeat.")
+        DEFAULT_HEARTBEAT_RESCUE_INTERVAL, INTERVAL, "Sweep for running jobs with a stale heartbeat."
+    )
     deadline_rescue_interval: float = setting(
-        DEFAULT_DEADLINE_RESCUE_INTERVAL, INTERVAL, "Sweep for running jobs past their hard deadline.")
+        DEFAULT_DEADLINE_RESCUE_INTERVAL, INTERVAL, "Sweep for running jobs past their hard deadline."
+    )
     callback_rescue_interval: float = setting(
-        DEFAULT_CALLBACK_RESCUE_INTERVAL, INTERVAL,
-        "Sweep for waiting_external jobs past their callback timeout.")
+        DEFAULT_CALLBACK_RESCUE_INTERVAL,
+        INTERVAL,
+        "Sweep for waiting_external jobs past their callback timeout.",
+    )
     heartbeat_staleness: float = setting(
-        DEFAULT_HEARTBEAT_STALENESS, INTERVAL,
-        "A running job whose heartbeat is older than this is presumed dead.")
+        DEFAULT_HEARTBEAT_STALENESS,
+        INTERVAL,
+        "A running job whose heartbeat is older than this is presumed dead.",
+    )
 
     # Cleanup and retention.
     cleanup_interval: float = setting(
-        DEFAULT_CLEANUP_INTERVAL, INTERVAL,
-        "Deletion of finished jobs, stale snapshots, descriptors and batch operations.")
+        DEFAULT_CLEANUP_INTERVAL,
+        INTERVAL,
+        "Deletion of finished jobs, stale snapshots, descriptors and batch operations.",
+    )
     completed_retention: float = setting(
-        DEFAULT_COMPLETED_RETENTION, RETENTION, "Completed jobs older than this are deleted.")
+        DEFAULT_COMPLETED_RETENTION, RETENTION, "Completed jobs older than this are deleted."
+    )
     failed_retention: float = setting(
-        DEFAULT_FAILED_RETENTION, RETENTION, "Failed and cancelled jobs older than this are deleted.")
+        DEFAULT_FAILED_RETENTION, RETENTION, "Failed and cancelled jobs older than this are deleted."
+    )
     cleanup_batch_size: int = setting(
-        DEFAULT_CLEANUP_BATCH_SIZE, COUNT, "Rows per cleanup DELETE; a pass repeats batches.")
+        DEFAULT_CLEANUP_BATCH_SIZE, COUNT, "Rows per cleanup DELETE; a pass repeats batches."
+    )
     queue_retention_overrides: Mapping[str, RetentionPolicy] = setting(
-        None, "overrides", "Per-queue retention replacing the global values for that queue.",
-        factory=dict)
+        None, "overrides", "Per-queue retention replacing the global values for that queue.", factory=dict
+    )
     dlq_retention: float = setting(
-        DEFAULT_DLQ_RETENTION, RETENTION, "Dead-lettered rows older than this are deleted (queue storage).")
+        DEFAULT_DLQ_RETENTION, RETENTION, "Dead-lettered rows older than this are deleted (queue storage)."
+    )
     dlq_cleanup_batch_size: int = setting(
-        DEFAULT_DLQ_CLEANUP_BATCH_SIZE, COUNT, "Most dead-letter rows deleted per pass (queue storage).")
+        DEFAULT_DLQ_CLEANUP_BATCH_SIZE, COUNT, "Most dead-letter rows deleted per pass (queue storage)."
+    )
     dlq_policy: DlqPolicy = setting(
-        None, "dlq_policy", "Which queues dead-letter terminal failures (queue storage).",
-        factory=DlqPolicy)
+        None, "dlq_policy", "Which queues dead-letter terminal failures (queue storage).", factory=DlqPolicy
+    )
     descriptor_retention: float = setting(
-        DEFAULT_DESCRIPTOR_RETENTION, RETENTION,
-        "Queue and kind descriptors unseen for this long are deleted; 0 disables.")
+        DEFAULT_DESCRIPTOR_RETENTION,
+        RETENTION,
+        "Queue and kind descriptors unseen for this long are deleted; 0 disables.",
+    )
     runtime_snapshot_retention: float = setting(
-        DEFAULT_RUNTIME_SNAPSHOT_RETENTION, RETENTION,
-        "Runtime snapshots unseen for this long are deleted (fixed 24h upstream).")
+        DEFAULT_RUNTIME_SNAPSHOT_RETENTION,
+        RETENTION,
+        "Runtime snapshots unseen for this long are deleted (fixed 24h upstream).",
+    )
 
     # Metrics and admin caches.
     queue_stats_interval: float = setting(
-        DEFAULT_QUEUE_STATS_INTERVAL, INTERVAL, "Publication of awa.queue.depth and awa.queue.lag.")
+        DEFAULT_QUEUE_STATS_INTERVAL, INTERVAL, "Publication of awa.queue.depth and awa.queue.lag."
+    )
     dirty_key_recompute_interval: float = setting(
-        DEFAULT_DIRTY_KEY_RECOMPUTE_INTERVAL, INTERVAL,
-        "Recompute of admin counters for recently touched queues and kinds.")
+        DEFAULT_DIRTY_KEY_RECOMPUTE_INTERVAL,
+        INTERVAL,
+        "Recompute of admin counters for recently touched queues and kinds.",
+    )
     metadata_reconciliation_interval: float = setting(
-        DEFAULT_METADATA_RECONCILIATION_INTERVAL, INTERVAL, "Full reconciliation of admin counters.")
+        DEFAULT_METADATA_RECONCILIATION_INTERVAL, INTERVAL, "Full reconciliation of admin counters."
+    )
 
     # Other branches.
     priority_aging_interval: float = setting(
-        DEFAULT_PRIORITY_AGING_INTERVAL, INTERVAL,
-        "Available jobs waiting longer than this gain one priority level per pass.")
+        DEFAULT_PRIORITY_AGING_INTERVAL,
+        INTERVAL,
+        "Available jobs waiting longer than this gain one priority level per pass.",
+    )
     batch_operations_interval: float = setting(
-        DEFAULT_BATCH_OPERATIONS_INTERVAL, INTERVAL,
-        "Processing of one chunk of a pending admin batch operation.")
+        DEFAULT_BATCH_OPERATIONS_INTERVAL,
+        INTERVAL,
+        "Processing of one chunk of a pending admin batch operation.",
+    )
     terminal_count_rollup_interval: float = setting(
-        DEFAULT_TERMINAL_COUNT_ROLLUP_INTERVAL, INTERVAL, "Fold of terminal-count deltas (queue storage).")
+        DEFAULT_TERMINAL_COUNT_ROLLUP_INTERVAL, INTERVAL, "Fold of terminal-count deltas (queue storage)."
+    )
     cron_sync_interval: float = setting(
-        DEFAULT_CRON_SYNC_INTERVAL, INTERVAL, "Upsert of registered periodic jobs into awa.cron_jobs.")
-    cron_eval_interval: float = setting(
-        DEFAULT_CRON_EVAL_INTERVAL, INTERVAL, "Evaluation of cron schedules.")
+        DEFAULT_CRON_SYNC_INTERVAL, INTERVAL, "Upsert of registered periodic jobs into awa.cron_jobs."
+    )
+    cron_eval_interval: float = setting(DEFAULT_CRON_EVAL_INTERVAL, INTERVAL, "Evaluation of cron schedules.")
     queue_rotate_interval: float = setting(
-        DEFAULT_QUEUE_ROTATE_INTERVAL, INTERVAL, "Queue ring rotation (queue storage).")
+        DEFAULT_QUEUE_ROTATE_INTERVAL, INTERVAL, "Queue ring rotation (queue storage)."
+    )
     lease_rotate_interval: float = setting(
-        DEFAULT_LEASE_ROTATE_INTERVAL, INTERVAL, "Lease ring rotation (queue storage).")
+        DEFAULT_LEASE_ROTATE_INTERVAL, INTERVAL, "Lease ring rotation (queue storage)."
+    )
     claim_rotate_interval: float = setting(
-        DEFAULT_CLAIM_ROTATE_INTERVAL, RETENTION,
-        "Claim ring rotation (queue storage); 0 follows queue_rotate_interval.")
+        DEFAULT_CLAIM_ROTATE_INTERVAL,
+        RETENTION,
+        "Claim ring rotation (queue storage); 0 follows queue_rotate_interval.",
+    )
 
     # awa_trio's own supervision and connection settings.
     branch_restart_limit: int = setting(
-        DEFAULT_BRANCH_RESTART_LIMIT, COUNT,
+        DEFAULT_BRANCH_RESTART_LIMIT,
+        COUNT,
         "Crashes of one branch tolerated within branch_restart_window before this node "
-        "gives up leadership so a healthy node can take over.")
+        "gives up leadership so a healthy node can take over.",
+    )
     branch_restart_window: float = setting(
-        DEFAULT_BRANCH_RESTART_WINDOW, INTERVAL, "Window over which branch crashes are counted.")
+        DEFAULT_BRANCH_RESTART_WINDOW, INTERVAL, "Window over which branch crashes are counted."
+    )
     branch_timeout: float = setting(
-        DEFAULT_BRANCH_TIMEOUT, INTERVAL, "A branch body running longer than this is cancelled and logged.")
+        DEFAULT_BRANCH_TIMEOUT, INTERVAL, "A branch body running longer than this is cancelled and logged."
+    )
     lock_timeout: float = setting(
-        DEFAULT_LOCK_TIMEOUT, INTERVAL,
+        DEFAULT_LOCK_TIMEOUT,
+        INTERVAL,
         "Server-side lock_timeout of maintenance queries: a locked table becomes a logged "
-        "error instead of a silent stall.")
+        "error instead of a silent stall.",
+    )
     pool_size: int = setting(
-        DEFAULT_POOL_SIZE, COUNT, "Connections in the shared pool (the lock has its own).")
+        DEFAULT_POOL_SIZE, COUNT, "Connections in the shared pool (the lock has its own)."
+    )
     lock_keepalive: float = setting(
-        DEFAULT_LOCK_KEEPALIVE, RETENTION,
+        DEFAULT_LOCK_KEEPALIVE,
+        RETENTION,
         "How long the server keeps the lock of a leader whose network went silent before it "
         "drops the session and frees the lock for another node (server-side TCP keepalive "
-        "and user timeout of the lock connection); 0 leaves the OS defaults (hours).")
+        "and user timeout of the lock connection); 0 leaves the OS defaults (hours).",
+    )
     rescue_batch_size: int = setting(
-        DEFAULT_RESCUE_BATCH_SIZE, COUNT, "Rows per rescue statement; a sweep repeats batches.")
+        DEFAULT_RESCUE_BATCH_SIZE, COUNT, "Rows per rescue statement; a sweep repeats batches."
+    )
     priority_aging_batch_size: int = setting(
-        DEFAULT_PRIORITY_AGING_BATCH_SIZE, COUNT,
-        "Rows per priority-aging statement; a pass repeats batches.")
+        DEFAULT_PRIORITY_AGING_BATCH_SIZE, COUNT, "Rows per priority-aging statement; a pass repeats batches."
+    )
     drain_time_budget: float = setting(
-        DEFAULT_DRAIN_TIME_BUDGET, INTERVAL,
+        DEFAULT_DRAIN_TIME_BUDGET,
+        INTERVAL,
         "Longest one tick of a draining branch (cleanup, rescues, priority aging) keeps "
-        "taking batches; the budget used is the smaller of this and half the branch's interval.")
+        "taking batches; the budget used is the smaller of this and half the branch's interval.",
+    )
     takeover_poll_interval: float = setting(
-        DEFAULT_TAKEOVER_POLL_INTERVAL, INTERVAL,
+        DEFAULT_TAKEOVER_POLL_INTERVAL,
+        INTERVAL,
         "How often a follower tries the leader lock (pg_try_advisory_lock, which never waits "
         "and holds no snapshot between tries): the bound on takeover after a leader dies. A "
         "leader's graceful release wakes followers at once; leader_election_interval applies "
-        "after errors.")
+        "after errors.",
+    )
     hook_timeout: float = setting(
-        DEFAULT_HOOK_TIMEOUT, INTERVAL, "Longest a lifecycle hook handler may run before it is cancelled.")
+        DEFAULT_HOOK_TIMEOUT, INTERVAL, "Longest a lifecycle hook handler may run before it is cancelled."
+    )
     hook_concurrency: int = setting(
-        DEFAULT_HOOK_CONCURRENCY, COUNT, "Lifecycle hook handlers running at once.")
+        DEFAULT_HOOK_CONCURRENCY, COUNT, "Lifecycle hook handlers running at once."
+    )
     hook_queue_size: int = setting(
-        DEFAULT_HOOK_QUEUE_SIZE, COUNT,
-        "Hook events waiting for a handler; beyond this, events are dropped and logged.")
+        DEFAULT_HOOK_QUEUE_SIZE,
+        COUNT,
+        "Hook events waiting for a handler; beyond this, events are dropped and logged.",
+    )
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -368,9 +420,7 @@ class MaintenanceConfig:
             if isinstance(policy, Mapping):
                 policy = retention_policy_from(policy, field=f"queue_retention_overrides[{queue!r}]")
             if not isinstance(policy, RetentionPolicy):
-                raise ConfigError(
-                    f"queue_retention_overrides[{queue!r}] must be a RetentionPolicy"
-                )
+                raise ConfigError(f"queue_retention_overrides[{queue!r}] must be a RetentionPolicy")
             overrides[queue] = policy
         object.__setattr__(self, "queue_retention_overrides", MappingProxyType(overrides))
 

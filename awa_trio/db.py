@@ -37,6 +37,8 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 #: A pooled connection idle this long is closed (a leader's busy branches
 #: keep theirs; a follower, which uses the pool for nothing, ends up with none).
 IDLE_CONNECTION_LIFETIME = 10.0
+
+
 def _process_identity() -> str:
     """``<host>:<pid>``, so pg_stat_activity (and ``status``) can tell which
     awa_trio process a session belongs to. PostgreSQL keeps 63 bytes of an
@@ -144,9 +146,7 @@ def translate_error(exc: BaseException) -> DatabaseError | None:
 async def _init_connection(conn: asyncpg.Connection) -> None:
     # jsonb/json as Python objects; arrays of jsonb (awa's errors column) follow.
     for type_name in ("jsonb", "json"):
-        await conn.set_type_codec(
-            type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
-        )
+        await conn.set_type_codec(type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
 class Connection:
@@ -247,8 +247,12 @@ async def _bridge(
         if translated is None or translated is exc:
             raise
         if not isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)):
-            log.debug("database driver raised %s, treated as %s", type(exc).__name__,
-                      type(translated).__name__, exc_info=exc)
+            log.debug(
+                "database driver raised %s, treated as %s",
+                type(exc).__name__,
+                type(translated).__name__,
+                exc_info=exc,
+            )
         raise translated from exc
 
 
@@ -257,7 +261,8 @@ def _protocol_state_unknown(exc: ConnectionLost) -> bool:
     is what failed (the connection may look open but must not be reused)."""
     cause = exc.__cause__
     return cause is not None and not isinstance(
-        cause, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, EOFError))
+        cause, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, EOFError)
+    )
 
 
 def _terminate(raw: Any) -> None:
@@ -387,8 +392,12 @@ def _log_orphaned_error(loop: Any, context: dict[str, Any]) -> None:
     # A lost connection echoes here (asyncpg's own release or close task);
     # whoever used the connection has already reported the loss.
     echo = exception is not None and isinstance(translate_error(exception), ConnectionLost)
-    log.log(logging.DEBUG if echo else logging.WARNING, "database driver: %s: %s", message,
-            f"{type(exception).__name__}: {exception}" if exception is not None else "(no exception)")
+    log.log(
+        logging.DEBUG if echo else logging.WARNING,
+        "database driver: %s: %s",
+        message,
+        f"{type(exception).__name__}: {exception}" if exception is not None else "(no exception)",
+    )
 
 
 def sole_exception(group: BaseExceptionGroup) -> BaseException | None:

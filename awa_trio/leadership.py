@@ -244,8 +244,10 @@ class LeaderElector:
                 # Branch bodies handle their own database errors; this is the
                 # term's start-up (schema check) failing: a connection lost, a
                 # server restarting. Leading half-started is not an option.
-                log.error("leadership term failed, releasing the lock and retrying: %s",
-                          sole_exception(failed) or failed)
+                log.error(
+                    "leadership term failed, releasing the lock and retrying: %s",
+                    sole_exception(failed) or failed,
+                )
                 outcome = TermOutcome.FAILED
         finally:
             self._state.set_leader(False)

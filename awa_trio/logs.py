@@ -27,13 +27,9 @@ from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit
 
 #: Name of the maintenance branch whose task logged the record.
-CURRENT_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "awa_trio_branch", default=None
-)
+CURRENT_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar("awa_trio_branch", default=None)
 #: Number of the leadership term (1, 2, ...) of this process, while leading.
-CURRENT_TERM: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "awa_trio_term", default=None
-)
+CURRENT_TERM: contextvars.ContextVar[int | None] = contextvars.ContextVar("awa_trio_term", default=None)
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -103,9 +99,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
-                timespec="milliseconds"
-            ),
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -220,8 +214,13 @@ def connection_recovered(key: str, logger: logging.Logger, *, since: float | Non
     if episode is None or (since is not None and episode.last_failure >= since):
         return
     del _OPEN_EPISODES[key]
-    logger.info("%s: database connection works again after %d failure%s in %.1fs",
-                key, episode.failures, "" if episode.failures == 1 else "s", _now() - episode.started)
+    logger.info(
+        "%s: database connection works again after %d failure%s in %.1fs",
+        key,
+        episode.failures,
+        "" if episode.failures == 1 else "s",
+        _now() - episode.started,
+    )
 
 
 @dataclasses.dataclass

@@ -52,7 +52,20 @@ ATTR_RING_BLOCKER = "awa.ring.blocker"
 ATTR_RING_REASON = "awa.ring.reason"
 
 DURATION_BUCKETS_SECONDS = (
-    0.001, 0.005, 0.010, 0.025, 0.050, 0.100, 0.250, 0.500, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.001,
+    0.005,
+    0.010,
+    0.025,
+    0.050,
+    0.100,
+    0.250,
+    0.500,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
 )
 
 
@@ -94,31 +107,38 @@ class MaintenanceMetrics:
             QUEUE_LAG, unit="s", description="Age of the oldest available job per queue"
         )
         self.rotate_attempts = meter.create_counter(
-            MAINTENANCE_ROTATE_ATTEMPTS, unit="{attempt}",
+            MAINTENANCE_ROTATE_ATTEMPTS,
+            unit="{attempt}",
             description="Ring rotation attempts by ring/outcome/blocker",
         )
         self.rotate_skipped_rows = meter.create_histogram(
-            MAINTENANCE_ROTATE_SKIPPED_ROWS, unit="{row}",
+            MAINTENANCE_ROTATE_SKIPPED_ROWS,
+            unit="{row}",
             description="Rows in the busy slot that blocked a ring rotation",
         )
         self.prune_attempts = meter.create_counter(
-            MAINTENANCE_PRUNE_ATTEMPTS, unit="{attempt}",
+            MAINTENANCE_PRUNE_ATTEMPTS,
+            unit="{attempt}",
             description="Ring prune attempts by ring/outcome/reason",
         )
         self.prune_skipped_rows = meter.create_histogram(
-            MAINTENANCE_PRUNE_SKIPPED_ROWS, unit="{row}",
+            MAINTENANCE_PRUNE_SKIPPED_ROWS,
+            unit="{row}",
             description="Magnitude of the reason count on a SkippedActive prune",
         )
         self.ring_current_slot = meter.create_gauge(
-            RING_CURRENT_SLOT, unit="{slot}",
+            RING_CURRENT_SLOT,
+            unit="{slot}",
             description="Current slot index per ring (queue/lease/claim)",
         )
         self.ring_generation = meter.create_gauge(
-            RING_GENERATION, unit="{generation}",
+            RING_GENERATION,
+            unit="{generation}",
             description="Current ring generation per ring; derivative is rotations/sec",
         )
         self.queue_info = meter.create_gauge(
-            QUEUE_INFO, unit="1",
+            QUEUE_INFO,
+            unit="1",
             description="Declared queue descriptor (always 1); labels carry display name, owner, tags",
         )
         self.dlq_moved = meter.create_counter(
@@ -131,17 +151,22 @@ class MaintenanceMetrics:
             JOB_DLQ_DEPTH, unit="{job}", description="Current Dead Letter Queue depth per queue"
         )
         self.branch_errors = meter.create_counter(
-            TRIO_BRANCH_ERRORS, unit="{error}",
+            TRIO_BRANCH_ERRORS,
+            unit="{error}",
             description="Branch bodies that failed (database error, timeout or crash), by branch",
         )
         #: Set by the service: () -> (is_leader, unix time the term started or None).
         self._leadership: Callable[[], tuple[bool, float | None]] | None = None
         meter.create_observable_gauge(
-            TRIO_LEADER, callbacks=[self._observe_leader], unit="1",
+            TRIO_LEADER,
+            callbacks=[self._observe_leader],
+            unit="1",
             description="1 while this awa_trio process holds the maintenance lock, else 0",
         )
         meter.create_observable_gauge(
-            TRIO_TERM_STARTED, callbacks=[self._observe_term_start], unit="s",
+            TRIO_TERM_STARTED,
+            callbacks=[self._observe_term_start],
+            unit="s",
             description="Unix time the current leadership term started (absent while following)",
         )
         # A synchronous gauge reports its last value until told otherwise, so
@@ -189,13 +214,23 @@ class MaintenanceMetrics:
         for state, count in depth.items():
             self.queue_depth.set(count, {ATTR_JOB_QUEUE: queue, ATTR_JOB_STATE: state})
 
-    def record_queue_info(self, queue: str, display_name: str | None, description: str | None,
-                          owner: str | None, docs_url: str | None, tags: list[str]) -> None:
+    def record_queue_info(
+        self,
+        queue: str,
+        display_name: str | None,
+        description: str | None,
+        owner: str | None,
+        docs_url: str | None,
+        tags: list[str],
+    ) -> None:
         """Upstream's attribute set: only the fields a descriptor declares."""
         attributes = {ATTR_JOB_QUEUE: queue}
-        for key, value in (("awa.queue.display_name", display_name),
-                           ("awa.queue.description", description),
-                           ("awa.queue.owner", owner), ("awa.queue.docs_url", docs_url)):
+        for key, value in (
+            ("awa.queue.display_name", display_name),
+            ("awa.queue.description", description),
+            ("awa.queue.owner", owner),
+            ("awa.queue.docs_url", docs_url),
+        ):
             if value:
                 attributes[key] = value
         if tags:
@@ -240,8 +275,7 @@ class MaintenanceMetrics:
         for blocker, count in blockers.items():
             if count > 0:
                 emitted = True
-                attributes = {ATTR_RING: ring, ATTR_RING_OUTCOME: "skipped_busy",
-                              ATTR_RING_BLOCKER: blocker}
+                attributes = {ATTR_RING: ring, ATTR_RING_OUTCOME: "skipped_busy", ATTR_RING_BLOCKER: blocker}
                 self.rotate_attempts.add(1, attributes)
                 self.rotate_skipped_rows.record(count, attributes)
         if not emitted:
@@ -249,8 +283,9 @@ class MaintenanceMetrics:
                 1, {ATTR_RING: ring, ATTR_RING_OUTCOME: "skipped_busy", ATTR_RING_BLOCKER: "lost_cas"}
             )
 
-    def record_prune(self, ring: str, outcome: str, reason: str | None = None,
-                     count: int | None = None) -> None:
+    def record_prune(
+        self, ring: str, outcome: str, reason: str | None = None, count: int | None = None
+    ) -> None:
         """``outcome``: noop, pruned, blocked or skipped_active (with reason and count)."""
         attributes = {ATTR_RING: ring, ATTR_RING_OUTCOME: outcome, ATTR_RING_REASON: reason or "none"}
         self.prune_attempts.add(1, attributes)
@@ -259,8 +294,7 @@ class MaintenanceMetrics:
 
     def record_dlq_moved(self, kind: str, queue: str, reason: str, count: int = 1) -> None:
         if count:
-            self.dlq_moved.add(count, {ATTR_JOB_KIND: kind, ATTR_JOB_QUEUE: queue,
-                                       ATTR_DLQ_REASON: reason})
+            self.dlq_moved.add(count, {ATTR_JOB_KIND: kind, ATTR_JOB_QUEUE: queue, ATTR_DLQ_REASON: reason})
 
     def record_dlq_purged(self, queue: str | None, count: int) -> None:
         if count:

@@ -18,7 +18,11 @@ async def publish_queue_info(ctx: MaintenanceContext) -> int:
     rows = await ctx.db.fetch(QUEUE_DESCRIPTORS_SQL)
     for row in rows:
         ctx.metrics.record_queue_info(
-            row["queue"], row["display_name"], row["description"], row["owner"],
-            row["docs_url"], list(row["tags"] or ()),
+            row["queue"],
+            row["display_name"],
+            row["description"],
+            row["owner"],
+            row["docs_url"],
+            list(row["tags"] or ()),
         )
     return len(rows)

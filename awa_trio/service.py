@@ -220,7 +220,9 @@ class MaintenanceService:
                 self.branches = self._select_branches(self.schema)
                 log.info(
                     "awa schema version %d, storage engine %s (%s)",
-                    self.schema.version, self.schema.engine, self.schema.state,
+                    self.schema.version,
+                    self.schema.engine,
+                    self.schema.state,
                 )
                 ctx = MaintenanceContext(
                     db=db,
@@ -236,8 +238,11 @@ class MaintenanceService:
                     CURRENT_TERM.set(self._term)
                     self._term_started_at = time.time()
                     await run_leader_term(
-                        ctx, self._select_branches, on_term_start=self._on_term_start,
-                        on_storage_seen=self._on_storage_seen, task_status=task_status,
+                        ctx,
+                        self._select_branches,
+                        on_term_start=self._on_term_start,
+                        on_storage_seen=self._on_storage_seen,
+                        task_status=task_status,
                     )
 
                 elector = self._elector = LeaderElector(db, self.config, self._state, lead)

@@ -96,10 +96,13 @@ async def collect_status(db: Database, config: MaintenanceConfig | None = None) 
         rescue_table = "awa.jobs"
     else:
         due_sql, rescue_table = CANONICAL_DUE_SQL, "awa.jobs_hot"
-    due = {row["state"]: {"jobs": row["jobs"], "oldest_seconds": row["oldest_seconds"]}
-           for row in await db.fetch(due_sql)}
-    rescue = dict(await db.fetchrow(RESCUE_BACKLOG_SQL.format(table=rescue_table),
-                                    config.heartbeat_staleness))
+    due = {
+        row["state"]: {"jobs": row["jobs"], "oldest_seconds": row["oldest_seconds"]}
+        for row in await db.fetch(due_sql)
+    }
+    rescue = dict(
+        await db.fetchrow(RESCUE_BACKLOG_SQL.format(table=rescue_table), config.heartbeat_staleness)
+    )
     now = dt.datetime.now(dt.UTC)
     return {
         "lock_holder": holder and _session(holder),
@@ -124,9 +127,19 @@ def _session(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _runtime(row: dict[str, Any]) -> dict[str, Any]:
-    return {key: row[key] for key in (
-        "hostname", "pid", "version", "leader", "maintenance_alive", "storage_capability",
-        "transition_role", "last_seen_at")}
+    return {
+        key: row[key]
+        for key in (
+            "hostname",
+            "pid",
+            "version",
+            "leader",
+            "maintenance_alive",
+            "storage_capability",
+            "transition_role",
+            "last_seen_at",
+        )
+    }
 
 
 def _cron(row: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
@@ -146,19 +159,25 @@ def format_status(report: dict[str, Any]) -> str:
     lines = []
     holder = report["lock_holder"]
     if holder:
-        lines.append(f"maintenance leader: pid {holder['pid']} {holder['application_name'] or '?'} "
-                     f"from {holder['client_addr'] or 'local socket'}, connected since "
-                     f"{_when(holder['connected_since'])}")
+        lines.append(
+            f"maintenance leader: pid {holder['pid']} {holder['application_name'] or '?'} "
+            f"from {holder['client_addr'] or 'local socket'}, connected since "
+            f"{_when(holder['connected_since'])}"
+        )
     else:
         lines.append("maintenance leader: none (no session holds the lock)")
     for candidate in report["candidates"]:
         lines.append(f"  candidate: pid {candidate['pid']} {candidate['application_name']}")
     for runtime in report["awa_runtimes"]:
         role = "leader" if runtime["leader"] else "follower"
-        lines.append(f"  awa runtime: {runtime['hostname']}:{runtime['pid']} {runtime['version']} "
-                     f"({role}, {runtime['storage_capability']}, role {runtime['transition_role']})")
-    lines.append(f"schema version {report['schema_version']}, engine {report['engine']}, "
-                 f"transition state {report['transition_state']}")
+        lines.append(
+            f"  awa runtime: {runtime['hostname']}:{runtime['pid']} {runtime['version']} "
+            f"({role}, {runtime['storage_capability']}, role {runtime['transition_role']})"
+        )
+    lines.append(
+        f"schema version {report['schema_version']}, engine {report['engine']}, "
+        f"transition state {report['transition_state']}"
+    )
     lines.append("")
     lines.append(f"{'backlog':<40}{'jobs':>10}  oldest")
     for state in ("scheduled", "retryable"):
@@ -173,10 +192,14 @@ def format_status(report: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"{'cron schedule':<24}{'expression':<20}{'last fire':<28}next fire")
         for cron in report["cron"]:
-            next_fire = "paused" if cron["paused"] else (
-                _when(cron["next_fire"]) if cron["next_fire"] else cron.get("error", "-"))
-            lines.append(f"{cron['name']:<24}{cron['cron_expr']:<20}"
-                         f"{_when(cron['last_fire']):<28}{next_fire}")
+            next_fire = (
+                "paused"
+                if cron["paused"]
+                else (_when(cron["next_fire"]) if cron["next_fire"] else cron.get("error", "-"))
+            )
+            lines.append(
+                f"{cron['name']:<24}{cron['cron_expr']:<20}{_when(cron['last_fire']):<28}{next_fire}"
+            )
     return "\n".join(lines)
 
 
@@ -184,8 +207,9 @@ def _when(value: dt.datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value else "-"
 
 
-async def print_status(database_url: str, as_json: bool = False,
-                       config: MaintenanceConfig | None = None) -> int:
+async def print_status(
+    database_url: str, as_json: bool = False, config: MaintenanceConfig | None = None
+) -> int:
     async with open_database(database_url, pool_size=1) as db:
         report = await collect_status(db, config)
     if as_json:

@@ -53,9 +53,7 @@ class StorageMoved(Exception):
     """The storage engine or transition state changed under a running term."""
 
     def __init__(self, old: SchemaInfo, new: SchemaInfo):
-        super().__init__(
-            f"storage moved from {describe_storage(old)} to {describe_storage(new)}"
-        )
+        super().__init__(f"storage moved from {describe_storage(old)} to {describe_storage(new)}")
         self.old = old
         self.new = new
 
@@ -89,7 +87,8 @@ async def run_leader_term(
                     await nursery.start(supervise_branch, spec, branch_ctx, tracker)
                 log.info(
                     "maintenance branches started on %s, schema version %d: %s",
-                    describe_storage(schema), schema.version,
+                    describe_storage(schema),
+                    schema.version,
                     ", ".join(spec.name for spec in branches),
                 )
                 if not started:
@@ -113,9 +112,7 @@ async def read_supported_schema(ctx: MaintenanceContext) -> SchemaInfo:
     return info
 
 
-async def check_schema_unchanged(
-    ctx: MaintenanceContext, last_seen: SchemaInfo | None = None
-) -> SchemaInfo:
+async def check_schema_unchanged(ctx: MaintenanceContext, last_seen: SchemaInfo | None = None) -> SchemaInfo:
     """Raise StorageMoved if the branch set chosen for ``ctx.schema`` no
     longer fits (naming ``last_seen``, the state read before, as where it
     moved from), UnsupportedSchema if nothing would."""
@@ -143,13 +140,15 @@ async def watch_schema(
             log.warning("schema check failed (will retry): %s", exc)
             continue
         if info.version != known.version:
-            log.info("awa schema version changed from %d to %d (still supported)",
-                     known.version, info.version)
+            log.info(
+                "awa schema version changed from %d to %d (still supported)", known.version, info.version
+            )
         if info.state != known.state:
             # e.g. canonical -> prepared: the transition has begun, but until
             # routing flips the same branches serve it.
-            log.info("storage state changed from %s to %s; the branches stay the same",
-                     known.state, info.state)
+            log.info(
+                "storage state changed from %s to %s; the branches stay the same", known.state, info.state
+            )
         if info != known and on_storage_seen is not None:
             on_storage_seen(info)
         known = info

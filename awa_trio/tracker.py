@@ -116,8 +116,9 @@ class OverrunTracker:
                 state.is_delayed = True
                 # This tick is the first quiet one.
                 state.cooldown_ticks_remaining = max(quiet_ticks - 1, 0)
-                return self._decision(state, run=quiet_ticks == 0, sample=sample,
-                                      transition=Transition.BECAME_DELAYED)
+                return self._decision(
+                    state, run=quiet_ticks == 0, sample=sample, transition=Transition.BECAME_DELAYED
+                )
             if crossed and state.is_delayed and quiet_ticks > 0:
                 state.cooldown_ticks_remaining = quiet_ticks - 1
                 return self._decision(state, run=False, sample=sample)
@@ -126,8 +127,7 @@ class OverrunTracker:
             state.consecutive_overrun = 0
             if state.consecutive_ontime >= OVERRUN_HYSTERESIS_K and state.is_delayed:
                 state.is_delayed = False
-                return self._decision(state, run=True, sample=sample,
-                                      transition=Transition.RECOVERED)
+                return self._decision(state, run=True, sample=sample, transition=Transition.RECOVERED)
         # else: deadband, neither counter moves.
         return self._decision(state, run=True, sample=sample)
 
@@ -142,8 +142,13 @@ class OverrunTracker:
         return dataclasses.replace(state) if state is not None else None
 
     @staticmethod
-    def _decision(state: BranchOverrunState, *, run: bool, sample: float | None,
-                  transition: Transition = Transition.NONE) -> TickDecision:
+    def _decision(
+        state: BranchOverrunState,
+        *,
+        run: bool,
+        sample: float | None,
+        transition: Transition = Transition.NONE,
+    ) -> TickDecision:
         return TickDecision(
             run=run,
             transition=transition,

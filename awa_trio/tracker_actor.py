@@ -106,9 +106,7 @@ class TrackerClient:
         await self._send.send(_PruneReport(branch, outcome))
 
 
-async def run_tracker(
-    metrics: MaintenanceMetrics, *, task_status=trio.TASK_STATUS_IGNORED
-) -> None:
+async def run_tracker(metrics: MaintenanceMetrics, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve tracker requests until cancelled. State starts empty, so every
     leadership term begins without inherited backoff or cooldown."""
     overrun = OverrunTracker()

@@ -54,8 +54,7 @@ async def run_recompute_dirty(ctx: MaintenanceContext) -> RecomputeDirtyResult:
     result.ran = True
     # Routine upkeep every 2 s under any write traffic: debug, as upstream.
     if result.keys_recomputed:
-        log.debug("%s: recomputed %d dirty admin metadata keys",
-                  RECOMPUTE_DIRTY_NAME, result.keys_recomputed)
+        log.debug("%s: recomputed %d dirty admin metadata keys", RECOMPUTE_DIRTY_NAME, result.keys_recomputed)
     return result
 
 

@@ -100,12 +100,14 @@ SCAN_PAGE_SIZE = 10_000
 DEFAULT_RETENTION_DAYS = 90
 RETENTION_DAYS_ENV = "AWA_BATCH_OP_RETENTION_DAYS"
 #: Errors that say "try again later", not "this job cannot be changed".
-RETRY_LATER_SQLSTATES = frozenset({
-    "40001",  # serialization_failure
-    "40P01",  # deadlock_detected
-    "55P03",  # lock_not_available (lock_timeout)
-    "57014",  # query_canceled (statement_timeout)
-})
+RETRY_LATER_SQLSTATES = frozenset(
+    {
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+        "55P03",  # lock_not_available (lock_timeout)
+        "57014",  # query_canceled (statement_timeout)
+    }
+)
 
 OP_SET_PRIORITY = "set_priority"
 OP_MOVE_QUEUE = "move_queue"
@@ -479,8 +481,12 @@ async def run_batch_operations(
     if result.claimed:
         log.info(
             "%s: operation %s (%s): processed %d, skipped %d, errored %d%s%s",
-            NAME, result.operation_id, result.op_kind,
-            result.processed, result.skipped, result.errored,
+            NAME,
+            result.operation_id,
+            result.op_kind,
+            result.processed,
+            result.skipped,
+            result.errored,
             f", scanned {result.scanned} jobs" if result.scanned else "",
             f", finished {result.finalized_state}" if result.finalized_state else "",
         )
@@ -519,17 +525,14 @@ async def run_locked_chunk(
         try:
             plan = decode_operation(row["spec"], row["filter"], storage)
         except InvalidBatchOperation as exc:
-            log.error("%s: operation %s cannot run and is marked failed: %s",
-                      NAME, result.operation_id, exc)
+            log.error("%s: operation %s cannot run and is marked failed: %s", NAME, result.operation_id, exc)
             await finalize_operation(conn, result, "failed", last_error=str(exc))
             return result
         if state == "scanning":
             state = await scan_operation(conn, result, plan, scan_page_size, storage)
         if state == "running":
             state = await apply_chunk(conn, result, plan, chunk_size, storage)
-            if state == "running" and await conn.fetchval(
-                HAS_PENDING_ITEMS_SQL, result.operation_id
-            ):
+            if state == "running" and await conn.fetchval(HAS_PENDING_ITEMS_SQL, result.operation_id):
                 return result
 
     if state == "cancelling":
@@ -564,9 +567,7 @@ async def scan_operation(
         if page["operation_state"] != "scanning":
             return page["operation_state"]
     cursor = {"after_job_id": 0, "max_job_id": max_job_id}
-    state = await conn.fetchval(
-        MARK_SCANNED_SQL, operation_id, bounds["total_matched"], cursor
-    )
+    state = await conn.fetchval(MARK_SCANNED_SQL, operation_id, bounds["total_matched"], cursor)
     if state is None:
         state = await conn.fetchval(OPERATION_STATE_SQL, operation_id)
     return state
@@ -704,9 +705,7 @@ def _filter_args(op_kind: str, job_filter: Any) -> tuple[Any, ...]:
     ids = job_filter.get("ids")
     if ids is not None and (
         not isinstance(ids, list)
-        or not all(
-            isinstance(i, int) and not isinstance(i, bool) and -(2**63) <= i < 2**63 for i in ids
-        )
+        or not all(isinstance(i, int) and not isinstance(i, bool) and -(2**63) <= i < 2**63 for i in ids)
     ):
         raise InvalidBatchOperation("filter.ids must be a list of job ids")
     return (

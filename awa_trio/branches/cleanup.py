@@ -174,8 +174,13 @@ async def run_once(ctx: MaintenanceContext) -> CleanupResult:
     await delete_expired_jobs(ctx, result, budget)
     await run_engine_independent_steps(ctx, result, budget)
     if result.unfinished_steps:
-        log.info("%s: time budget (%gs) spent after %d batches; left for the next tick: %s",
-                 NAME, budget.seconds, result.batches, ", ".join(result.unfinished_steps))
+        log.info(
+            "%s: time budget (%gs) spent after %d batches; left for the next tick: %s",
+            NAME,
+            budget.seconds,
+            result.batches,
+            ", ".join(result.unfinished_steps),
+        )
     return result
 
 
@@ -198,8 +203,14 @@ async def delete_expired_jobs(
     budget = budget or cleanup_budget(ctx)
     override_queues = sorted(config.queue_retention_overrides)
     result.jobs_deleted = await _drain_jobs_step(
-        ctx, result, budget, "finished jobs (global pass)", DELETE_EXPIRED_JOBS_SQL,
-        config.completed_retention, config.failed_retention, override_queues,
+        ctx,
+        result,
+        budget,
+        "finished jobs (global pass)",
+        DELETE_EXPIRED_JOBS_SQL,
+        config.completed_retention,
+        config.failed_retention,
+        override_queues,
     )
     if result.jobs_deleted:
         log.info("%s: deleted %d finished jobs past retention", NAME, result.jobs_deleted)
@@ -207,20 +218,32 @@ async def delete_expired_jobs(
     for queue in override_queues:
         policy = config.queue_retention_overrides[queue]
         deleted = await _drain_jobs_step(
-            ctx, result, budget, f"finished jobs (queue {queue!r})", DELETE_EXPIRED_QUEUE_JOBS_SQL,
-            policy.completed, policy.failed, queue,
+            ctx,
+            result,
+            budget,
+            f"finished jobs (queue {queue!r})",
+            DELETE_EXPIRED_QUEUE_JOBS_SQL,
+            policy.completed,
+            policy.failed,
+            queue,
         )
         result.jobs_deleted_by_queue[queue] = deleted
         if deleted:
-            log.info("%s: deleted %d finished jobs past retention in queue %r",
-                     NAME, deleted, queue)
+            log.info("%s: deleted %d finished jobs past retention in queue %r", NAME, deleted, queue)
 
 
 async def delete_stale_runtime_snapshots(ctx: MaintenanceContext, result: CleanupResult) -> None:
     retention = max(ctx.config.runtime_snapshot_retention, MIN_RUNTIME_SNAPSHOT_RETENTION)
-    result.runtime_snapshots_deleted = await _delete_step(
-        ctx, result, "runtime snapshots", DELETE_STALE_RUNTIME_SNAPSHOTS_SQL, retention,
-    ) or 0
+    result.runtime_snapshots_deleted = (
+        await _delete_step(
+            ctx,
+            result,
+            "runtime snapshots",
+            DELETE_STALE_RUNTIME_SNAPSHOTS_SQL,
+            retention,
+        )
+        or 0
+    )
     if result.runtime_snapshots_deleted:
         log.info("%s: deleted %d stale runtime snapshots", NAME, result.runtime_snapshots_deleted)
 
@@ -229,16 +252,32 @@ async def delete_stale_descriptors(ctx: MaintenanceContext, result: CleanupResul
     if ctx.config.descriptor_retention == 0:
         return
     retention = max(ctx.config.descriptor_retention, MIN_DESCRIPTOR_RETENTION)
-    result.queue_descriptors_deleted = await _delete_step(
-        ctx, result, "queue descriptors", DELETE_STALE_QUEUE_DESCRIPTORS_SQL, retention,
-    ) or 0
-    result.job_kind_descriptors_deleted = await _delete_step(
-        ctx, result, "job kind descriptors", DELETE_STALE_JOB_KIND_DESCRIPTORS_SQL, retention,
-    ) or 0
+    result.queue_descriptors_deleted = (
+        await _delete_step(
+            ctx,
+            result,
+            "queue descriptors",
+            DELETE_STALE_QUEUE_DESCRIPTORS_SQL,
+            retention,
+        )
+        or 0
+    )
+    result.job_kind_descriptors_deleted = (
+        await _delete_step(
+            ctx,
+            result,
+            "job kind descriptors",
+            DELETE_STALE_JOB_KIND_DESCRIPTORS_SQL,
+            retention,
+        )
+        or 0
+    )
     if result.queue_descriptors_deleted or result.job_kind_descriptors_deleted:
         log.info(
             "%s: deleted %d stale queue descriptors and %d stale job kind descriptors",
-            NAME, result.queue_descriptors_deleted, result.job_kind_descriptors_deleted,
+            NAME,
+            result.queue_descriptors_deleted,
+            result.job_kind_descriptors_deleted,
         )
 
 
@@ -246,16 +285,25 @@ async def delete_expired_batch_operations(
     ctx: MaintenanceContext, result: CleanupResult, budget: DrainBudget | None = None
 ) -> None:
     result.batch_operations_deleted = await _drain_step(
-        ctx, result, budget or cleanup_budget(ctx), "expired batch operations",
-        DELETE_EXPIRED_BATCH_OPERATIONS_SQL, EXPIRED_BATCH_OPERATIONS_LIMIT,
+        ctx,
+        result,
+        budget or cleanup_budget(ctx),
+        "expired batch operations",
+        DELETE_EXPIRED_BATCH_OPERATIONS_SQL,
+        EXPIRED_BATCH_OPERATIONS_LIMIT,
     )
     if result.batch_operations_deleted:
         log.info("%s: deleted %d expired batch operations", NAME, result.batch_operations_deleted)
 
 
 async def _drain_step(
-    ctx: MaintenanceContext, result: CleanupResult, budget: DrainBudget, step: str, sql: str,
-    batch_size: int, *args: Any,
+    ctx: MaintenanceContext,
+    result: CleanupResult,
+    budget: DrainBudget,
+    step: str,
+    sql: str,
+    batch_size: int,
+    *args: Any,
 ) -> int:
     """Repeat one step's batched DELETE (row limit last) while batches come
     back full and the budget lasts; returns the rows deleted."""
@@ -270,7 +318,11 @@ async def _drain_step(
 
 
 async def _drain_jobs_step(
-    ctx: MaintenanceContext, result: CleanupResult, budget: DrainBudget, step: str, sql: str,
+    ctx: MaintenanceContext,
+    result: CleanupResult,
+    budget: DrainBudget,
+    step: str,
+    sql: str,
     *args: Any,
 ) -> int:
     """The finished-jobs drain: like :func:`_drain_step`, with a heap cursor

@@ -90,7 +90,8 @@ async def run_once(ctx: MaintenanceContext) -> PriorityAgingResult:
 
         async def batch(level: int = level) -> BatchOutcome:
             rows = await ctx.db.fetch(
-                AGE_WAITING_PRIORITIES_SQL, config.priority_aging_interval, level, batch_size)
+                AGE_WAITING_PRIORITIES_SQL, config.priority_aging_interval, level, batch_size
+            )
             result.queues.update(row["queue"] for row in rows)
             return BatchOutcome.of(len(rows), batch_size)
 
@@ -103,9 +104,14 @@ async def run_once(ctx: MaintenanceContext) -> PriorityAgingResult:
         # ages lands on a level already done this tick.
         result.drained = result.drained and outcome.drained
     if result.aged:
-        log.info("%s: raised the priority of %d waiting jobs in %d queues",
-                 NAME, result.aged, len(result.queues))
+        log.info(
+            "%s: raised the priority of %d waiting jobs in %d queues", NAME, result.aged, len(result.queues)
+        )
     if not result.drained:
-        log.info("%s: time budget (%gs) spent after %d batches; the rest waits a tick",
-                 NAME, budget.seconds, result.batches)
+        log.info(
+            "%s: time budget (%gs) spent after %d batches; the rest waits a tick",
+            NAME,
+            budget.seconds,
+            result.batches,
+        )
     return result

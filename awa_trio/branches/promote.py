@@ -75,13 +75,15 @@ _BATCH_SELECTION = "ORDER BY run_at, id LIMIT $1"
 _ONE_SELECTION = "AND id = $1"
 PROMOTE_DUE_SQL = {
     state: _PROMOTE_DUE_SQL_TEMPLATE.format(
-        state=state, selection=_BATCH_SELECTION, columns=_COLUMNS_SQL, returning="queue")
+        state=state, selection=_BATCH_SELECTION, columns=_COLUMNS_SQL, returning="queue"
+    )
     for state in PROMOTABLE_STATES
 }
 #: The row-by-row fallback: one id, re-checked against the same predicate.
 PROMOTE_ONE_SQL = {
     state: _PROMOTE_DUE_SQL_TEMPLATE.format(
-        state=state, selection=_ONE_SELECTION, columns=_COLUMNS_SQL, returning=_COLUMNS_SQL)
+        state=state, selection=_ONE_SELECTION, columns=_COLUMNS_SQL, returning=_COLUMNS_SQL
+    )
     for state in PROMOTABLE_STATES
 }
 DUE_IDS_SQL = {
@@ -147,8 +149,7 @@ async def run_once(ctx: MaintenanceContext) -> PromoteResult:
         if count:
             log.info("%s: promoted %d %s jobs", NAME, count, state)
     if result.duplicates_cancelled and ctx.hooks is not None:
-        ctx.hooks.publish(
-            JobCancelled(job, DUPLICATE_ERROR) for job in result.duplicates_cancelled)
+        ctx.hooks.publish(JobCancelled(job, DUPLICATE_ERROR) for job in result.duplicates_cancelled)
     return result
 
 
@@ -160,8 +161,12 @@ async def promote_due_state(ctx: MaintenanceContext, state: str, result: Promote
         try:
             rows = await ctx.db.fetch(sql, PROMOTE_BATCH_SIZE)
         except UniqueViolation as exc:
-            log.warning("%s: a batch of %s jobs hit a unique-claim conflict (%s); "
-                        "promoting row by row", NAME, state, exc)
+            log.warning(
+                "%s: a batch of %s jobs hit a unique-claim conflict (%s); promoting row by row",
+                NAME,
+                state,
+                exc,
+            )
             await promote_row_by_row(ctx, state, result)
             # What is left is due again next tick, batched once more.
             return
@@ -185,12 +190,18 @@ async def promote_row_by_row(ctx: MaintenanceContext, state: str, result: Promot
             await cancel_duplicate(ctx, state, job_id, result)
             continue
         except ConnectionLost as exc:
-            log.error("%s: connection lost during row-by-row promotion; %d %s jobs left "
-                      "for the next tick: %s", NAME, len(ids) - position, state, exc)
+            log.error(
+                "%s: connection lost during row-by-row promotion; %d %s jobs left for the next tick: %s",
+                NAME,
+                len(ids) - position,
+                state,
+                exc,
+            )
             break
         except DatabaseError as exc:
-            log.error("%s: promoting %s job %d failed; skipping it: %s",
-                      NAME, state, job_id, describe_error(exc))
+            log.error(
+                "%s: promoting %s job %d failed; skipping it: %s", NAME, state, job_id, describe_error(exc)
+            )
             result.skipped.append(job_id)
             continue
         # None: deleted, rescheduled or taken by another leader meanwhile.
@@ -200,24 +211,37 @@ async def promote_row_by_row(ctx: MaintenanceContext, state: str, result: Promot
     result.promoted[state] = result.promoted.get(state, 0) + promoted
 
 
-async def cancel_duplicate(
-    ctx: MaintenanceContext, state: str, job_id: int, result: PromoteResult
-) -> None:
+async def cancel_duplicate(ctx: MaintenanceContext, state: str, job_id: int, result: PromoteResult) -> None:
     holder = holder_text(await unique_claim_holder(ctx, job_id))
     try:
         record = await ctx.db.fetchrow(CANCEL_DUPLICATE_SQL, job_id, state, DUPLICATE_ERROR)
     except UniqueViolation:
-        log.error("%s: cannot promote or cancel %s job %d: the unique claim is held by job %s "
-                  "and its unique_states include 'cancelled'; leaving it (resolve by hand)",
-                  NAME, state, job_id, holder)
+        log.error(
+            "%s: cannot promote or cancel %s job %d: the unique claim is held by job %s "
+            "and its unique_states include 'cancelled'; leaving it (resolve by hand)",
+            NAME,
+            state,
+            job_id,
+            holder,
+        )
         result.skipped.append(job_id)
         return
     except DatabaseError as exc:
-        log.error("%s: cancelling duplicate %s job %d failed; skipping it: %s",
-                  NAME, state, job_id, describe_error(exc))
+        log.error(
+            "%s: cancelling duplicate %s job %d failed; skipping it: %s",
+            NAME,
+            state,
+            job_id,
+            describe_error(exc),
+        )
         result.skipped.append(job_id)
         return
     if record is not None:
-        log.warning("%s: %s job %d came due while job %s holds its unique claim; "
-                    "cancelled it as a duplicate", NAME, state, job_id, holder)
+        log.warning(
+            "%s: %s job %d came due while job %s holds its unique claim; cancelled it as a duplicate",
+            NAME,
+            state,
+            job_id,
+            holder,
+        )
         result.duplicates_cancelled.append(JobRow.from_record(record))

@@ -48,15 +48,9 @@ RunOnce = Callable[[MaintenanceContext], Awaitable[Any]]
 
 def canonical_branches(config: MaintenanceConfig) -> list[BranchSpec]:
     return [
-        BranchSpec(
-            rescue_heartbeats.NAME, config.heartbeat_rescue_interval, rescue_heartbeats.run_once
-        ),
-        BranchSpec(
-            rescue_deadlines.NAME, config.deadline_rescue_interval, rescue_deadlines.run_once
-        ),
-        BranchSpec(
-            rescue_callbacks.NAME, config.callback_rescue_interval, rescue_callbacks.run_once
-        ),
+        BranchSpec(rescue_heartbeats.NAME, config.heartbeat_rescue_interval, rescue_heartbeats.run_once),
+        BranchSpec(rescue_deadlines.NAME, config.deadline_rescue_interval, rescue_deadlines.run_once),
+        BranchSpec(rescue_callbacks.NAME, config.callback_rescue_interval, rescue_callbacks.run_once),
         BranchSpec(promote.NAME, config.promote_interval, promote.run_once, run_immediately=True),
         BranchSpec(cleanup.NAME, config.cleanup_interval, cleanup.run_once),
         BranchSpec(priority_aging.NAME, config.priority_aging_interval, priority_aging.run_once),
@@ -71,9 +65,7 @@ def canonical_branches(config: MaintenanceConfig) -> list[BranchSpec]:
             admin_metadata.run_refresh,
         ),
         BranchSpec(queue_stats.NAME, config.queue_stats_interval, queue_stats.run_once),
-        BranchSpec(
-            batch_operations.NAME, config.batch_operations_interval, batch_operations.run_once
-        ),
+        BranchSpec(batch_operations.NAME, config.batch_operations_interval, batch_operations.run_once),
         # cron_sync (runs at once on election) and cron_eval (never skipped by
         # overrun cooldown). Cron inserts through awa.insert_job_compat, so
         # these two are engine-independent.
@@ -86,32 +78,25 @@ def queue_storage_branches(config: MaintenanceConfig) -> list[BranchSpec]:
     row-by-row job cleanup (rings are pruned whole instead)."""
     return [
         BranchSpec(
-            qs_rescue_heartbeats.NAME, config.heartbeat_rescue_interval,
+            qs_rescue_heartbeats.NAME,
+            config.heartbeat_rescue_interval,
             qs_rescue_heartbeats.run_once,
         ),
-        BranchSpec(
-            qs_rescue_deadlines.NAME, config.deadline_rescue_interval, qs_rescue_deadlines.run_once
-        ),
-        BranchSpec(
-            qs_rescue_callbacks.NAME, config.callback_rescue_interval, qs_rescue_callbacks.run_once
-        ),
-        BranchSpec(
-            qs_promote.NAME, config.promote_interval, qs_promote.run_once, run_immediately=True
-        ),
+        BranchSpec(qs_rescue_deadlines.NAME, config.deadline_rescue_interval, qs_rescue_deadlines.run_once),
+        BranchSpec(qs_rescue_callbacks.NAME, config.callback_rescue_interval, qs_rescue_callbacks.run_once),
+        BranchSpec(qs_promote.NAME, config.promote_interval, qs_promote.run_once, run_immediately=True),
         BranchSpec(qs_cleanup.NAME, config.cleanup_interval, qs_cleanup.run_once),
         BranchSpec(qs_queue_stats.NAME, config.queue_stats_interval, qs_queue_stats.run_once),
+        BranchSpec(batch_operations.NAME, config.batch_operations_interval, qs_batch_operations.run_once),
         BranchSpec(
-            batch_operations.NAME, config.batch_operations_interval, qs_batch_operations.run_once
-        ),
-        BranchSpec(
-            terminal_count_rollup.NAME, config.terminal_count_rollup_interval,
-            terminal_count_rollup.run_once, cooldown=False,
+            terminal_count_rollup.NAME,
+            config.terminal_count_rollup_interval,
+            terminal_count_rollup.run_once,
+            cooldown=False,
         ),
         BranchSpec(rotate_queue.NAME, config.queue_rotate_interval, rotate_queue.run_once),
         BranchSpec(rotate_lease.NAME, config.lease_rotate_interval, rotate_lease.run_once),
-        BranchSpec(
-            rotate_claim.NAME, config.effective_claim_rotate_interval, rotate_claim.run_once
-        ),
+        BranchSpec(rotate_claim.NAME, config.effective_claim_rotate_interval, rotate_claim.run_once),
         *cron_branches(config),
     ]
 
@@ -124,11 +109,12 @@ def queue_storage_branches(config: MaintenanceConfig) -> list[BranchSpec]:
 CANONICAL_DRAIN: dict[str, RunOnce] = {
     qs_promote.NAME: canonical_drain.drain_pass(promote.NAME, promote.run_once),
     qs_rescue_heartbeats.NAME: canonical_drain.drain_pass(
-        rescue_heartbeats.NAME, canonical_drain.rescue_stale_heartbeats),
+        rescue_heartbeats.NAME, canonical_drain.rescue_stale_heartbeats
+    ),
     qs_rescue_deadlines.NAME: canonical_drain.drain_pass(
-        rescue_deadlines.NAME, canonical_drain.rescue_expired_deadlines),
-    qs_rescue_callbacks.NAME: canonical_drain.drain_pass(
-        rescue_callbacks.NAME, rescue_callbacks.run_once),
+        rescue_deadlines.NAME, canonical_drain.rescue_expired_deadlines
+    ),
+    qs_rescue_callbacks.NAME: canonical_drain.drain_pass(rescue_callbacks.NAME, rescue_callbacks.run_once),
     qs_cleanup.NAME: canonical_drain.delete_finished_canonical_jobs,
 }
 
@@ -179,14 +165,17 @@ def mixed_transition_branches(config: MaintenanceConfig) -> list[BranchSpec]:
     for spec in queue_storage_branches(config):
         canonical_pass = CANONICAL_DRAIN.get(spec.name)
         if canonical_pass is not None:
-            spec = dataclasses.replace(
-                spec, run_once=both_planes(spec.name, spec.run_once, canonical_pass))
+            spec = dataclasses.replace(spec, run_once=both_planes(spec.name, spec.run_once, canonical_pass))
         branches.append(spec)
     # Read-only, so it shares the queue-stats cadence (a report, like them).
-    branches.append(BranchSpec(
-        canonical_drain.NAME, config.queue_stats_interval, canonical_drain.make_report(),
-        run_immediately=True,
-    ))
+    branches.append(
+        BranchSpec(
+            canonical_drain.NAME,
+            config.queue_stats_interval,
+            canonical_drain.make_report(),
+            run_immediately=True,
+        )
+    )
     return branches
 
 

@@ -155,10 +155,7 @@ class SweepStatements:
 
 def candidates_sql(predicate: str, order_by: str, limit_param: int) -> str:
     """Ids of the oldest candidates, for the row-by-row fallback."""
-    return (
-        f"SELECT id FROM awa.jobs_hot WHERE {predicate} "
-        f"ORDER BY {order_by}, id LIMIT ${limit_param}"
-    )
+    return f"SELECT id FROM awa.jobs_hot WHERE {predicate} ORDER BY {order_by}, id LIMIT ${limit_param}"
 
 
 def running_to_retryable_statements(
@@ -170,8 +167,10 @@ def running_to_retryable_statements(
 
     def statement(selection: str) -> str:
         return _RUNNING_TO_RETRYABLE_TEMPLATE.format(
-            predicate=predicate, selection=selection,
-            error=sql_text_literal(error), columns=JOB_COLUMNS_SQL,
+            predicate=predicate,
+            selection=selection,
+            error=sql_text_literal(error),
+            columns=JOB_COLUMNS_SQL,
         )
 
     return SweepStatements(
@@ -273,13 +272,20 @@ async def run_sweep(
     result.drained = outcome.drained
     _announce(sweep, result)
     if not outcome.drained and budget.spent:
-        log.info("%s: time budget (%gs) spent after %d batches; the rest waits a tick",
-                 sweep.name, budget.seconds, outcome.batches)
+        log.info(
+            "%s: time budget (%gs) spent after %d batches; the rest waits a tick",
+            sweep.name,
+            budget.seconds,
+            outcome.batches,
+        )
     return result
 
 
 async def rescue_batch(
-    ctx: MaintenanceContext, sweep: RescueSweep, params: Sequence[Any], part: RescueResult,
+    ctx: MaintenanceContext,
+    sweep: RescueSweep,
+    params: Sequence[Any],
+    part: RescueResult,
     batch_size: int,
 ) -> BatchOutcome | None:
     """One batched rescue statement into ``part``; on a unique-claim conflict
@@ -289,7 +295,8 @@ async def rescue_batch(
     except UniqueViolation as exc:
         log.warning(
             "%s: batched rescue hit a unique-claim conflict (%s); retrying row by row",
-            sweep.name, exc,
+            sweep.name,
+            exc,
         )
         part.row_by_row = True
         visited = await rescue_row_by_row(ctx, sweep, params, part, limit=batch_size)
@@ -304,13 +311,16 @@ async def rescue_batch(
 
 
 async def rescue_row_by_row(
-    ctx: MaintenanceContext, sweep: RescueSweep, params: Sequence[Any], result: RescueResult,
-    *, limit: int = RESCUE_BATCH_SIZE,
+    ctx: MaintenanceContext,
+    sweep: RescueSweep,
+    params: Sequence[Any],
+    result: RescueResult,
+    *,
+    limit: int = RESCUE_BATCH_SIZE,
 ) -> int:
     """The #388 fallback: each of up to ``limit`` candidates in its own
     statement. Returns how many candidates it went through."""
-    ids = [record["id"] for record in await ctx.db.fetch(
-        sweep.candidates_sql, *params, limit)]
+    ids = [record["id"] for record in await ctx.db.fetch(sweep.candidates_sql, *params, limit)]
     for position, job_id in enumerate(ids):
         try:
             record = await ctx.db.fetchrow(sweep.one_sql, *params, job_id)
@@ -318,8 +328,12 @@ async def rescue_row_by_row(
             await cancel_duplicate(ctx, sweep, job_id, result)
             continue
         except ConnectionLost as exc:
-            log.error("%s: connection lost during row-by-row rescue; %d candidates left "
-                      "for the next pass: %s", sweep.name, len(ids) - position, exc)
+            log.error(
+                "%s: connection lost during row-by-row rescue; %d candidates left for the next pass: %s",
+                sweep.name,
+                len(ids) - position,
+                exc,
+            )
             return position
         except DatabaseError as exc:
             log.error("%s: rescue of job %d failed; skipping it: %s", sweep.name, job_id, exc)
@@ -336,36 +350,42 @@ async def cancel_duplicate(
 ) -> None:
     holder = holder_text(await unique_claim_holder(ctx, job_id))
     try:
-        record = await ctx.db.fetchrow(
-            CANCEL_DUPLICATE_SQL, job_id, sweep.from_state, sweep.duplicate_error)
+        record = await ctx.db.fetchrow(CANCEL_DUPLICATE_SQL, job_id, sweep.from_state, sweep.duplicate_error)
     except UniqueViolation:
         log.error(
             "%s: cannot rescue or cancel job %d: the unique claim is held by job %s and "
             "job %d's unique_states include 'cancelled'; skipping it (resolve by hand)",
-            sweep.name, job_id, holder, job_id,
+            sweep.name,
+            job_id,
+            holder,
+            job_id,
         )
         result.skipped.append(job_id)
         return
     except DatabaseError as exc:
-        log.error("%s: cancelling duplicate job %d failed; skipping it: %s",
-                  sweep.name, job_id, exc)
+        log.error("%s: cancelling duplicate job %d failed; skipping it: %s", sweep.name, job_id, exc)
         result.skipped.append(job_id)
         return
     if record is None:
-        log.info("%s: job %d left %r before it could be cancelled as a duplicate; "
-                 "leaving it as it is", sweep.name, job_id, sweep.from_state)
+        log.info(
+            "%s: job %d left %r before it could be cancelled as a duplicate; leaving it as it is",
+            sweep.name,
+            job_id,
+            sweep.from_state,
+        )
         return
     log.warning(
         "%s: rescuing job %d conflicts with the unique claim held by job %s; "
         "cancelled job %d as a superseded duplicate",
-        sweep.name, job_id, holder, job_id,
+        sweep.name,
+        job_id,
+        holder,
+        job_id,
     )
     result.duplicates_cancelled.append(JobRow.from_record(record))
 
 
-async def apply_side_effects(
-    ctx: MaintenanceContext, sweep: RescueSweep, result: RescueResult
-) -> None:
+async def apply_side_effects(ctx: MaintenanceContext, sweep: RescueSweep, result: RescueResult) -> None:
     """Everything a committed batch owes the outside world (order in the
     module docstring), with its log lines."""
     await _apply_side_effects(ctx, sweep, result, announce=True)
@@ -375,7 +395,8 @@ def _announce(sweep: RescueSweep, result: RescueResult) -> None:
     if result.duplicates_cancelled:
         log.warning(
             "%s: cancelled %d jobs superseded by a newer unique duplicate: %s",
-            sweep.name, len(result.duplicates_cancelled),
+            sweep.name,
+            len(result.duplicates_cancelled),
             _ids(result.duplicates_cancelled),
         )
     if result.rescued:
@@ -387,7 +408,8 @@ async def _apply_side_effects(
 ) -> None:
     if result.duplicates_cancelled:
         ctx.metrics.record_rescues(
-            f"{sweep.metric_kind}_duplicate_cancelled", len(result.duplicates_cancelled))
+            f"{sweep.metric_kind}_duplicate_cancelled", len(result.duplicates_cancelled)
+        )
     if result.rescued:
         ctx.metrics.record_rescues(sweep.metric_kind, len(result.rescued))
     if announce:
@@ -401,15 +423,13 @@ async def _apply_side_effects(
         signalled += result.rescued
     result.cancelled_in_flight = hooks.cancel_in_flight(signalled)
     if result.cancelled_in_flight:
-        log.info("%s: signalled %d attempts running in this process",
-                 sweep.name, result.cancelled_in_flight)
+        log.info("%s: signalled %d attempts running in this process", sweep.name, result.cancelled_in_flight)
 
     for job in result.rescued:
         await insert_follow_ups(ctx, sweep, hooks, job, result)
 
     events: list[JobCancelled | JobRescued] = [
-        JobCancelled(job, job.last_error or DEFAULT_DUPLICATE_REASON)
-        for job in result.duplicates_cancelled
+        JobCancelled(job, job.last_error or DEFAULT_DUPLICATE_REASON) for job in result.duplicates_cancelled
     ]
     events += [JobRescued(job, sweep.reason) for job in result.rescued]
     result.events_dropped = hooks.publish(events)
@@ -426,8 +446,9 @@ async def insert_follow_ups(
         follow_ups = hooks.follow_ups_for(job, sweep.reason)
     except Exception:
         # Application code: whatever it raises must not undo or stop the sweep.
-        log.exception("%s: follow-up factory for %s job %d failed; the rescue stands",
-                      sweep.name, job.kind, job.id)
+        log.exception(
+            "%s: follow-up factory for %s job %d failed; the rescue stands", sweep.name, job.kind, job.id
+        )
         result.follow_up_failures += 1
         return
     if not follow_ups:
@@ -439,15 +460,17 @@ async def insert_follow_ups(
     except Exception as exc:
         # DatabaseError, or application data the driver cannot encode.
         log.error(
-            "%s: inserting %d follow-up jobs for %s job %d failed, none inserted; "
-            "the rescue stands: %s",
-            sweep.name, len(follow_ups), job.kind, job.id, exc,
+            "%s: inserting %d follow-up jobs for %s job %d failed, none inserted; the rescue stands: %s",
+            sweep.name,
+            len(follow_ups),
+            job.kind,
+            job.id,
+            exc,
         )
         result.follow_up_failures += 1
         return
     result.follow_ups_inserted += len(follow_ups)
-    log.info("%s: inserted %d follow-up jobs for %s job %d",
-             sweep.name, len(follow_ups), job.kind, job.id)
+    log.info("%s: inserted %d follow-up jobs for %s job %d", sweep.name, len(follow_ups), job.kind, job.id)
 
 
 def follow_up_arguments(follow_up: FollowUpJob) -> tuple[Any, ...]:

@@ -99,11 +99,11 @@ _STATEMENT_PARTS = dict(
     columns=JOB_COLUMNS_SQL, hot_columns=_HOT_COLUMNS_SQL, error=sql_text_literal(RESCUE_ERROR)
 )
 RESCUE_BATCH_SQL = _RESCUE_SQL_TEMPLATE.format(
-    selection="ORDER BY callback_timeout_at, id LIMIT $1", **_STATEMENT_PARTS)
+    selection="ORDER BY callback_timeout_at, id LIMIT $1", **_STATEMENT_PARTS
+)
 RESCUE_ONE_SQL = _RESCUE_SQL_TEMPLATE.format(selection="AND id = $1", **_STATEMENT_PARTS)
 CANDIDATES_SQL = candidates_sql(
-    "state = 'waiting_external' AND callback_timeout_at IS NOT NULL "
-    "AND callback_timeout_at < now()",
+    "state = 'waiting_external' AND callback_timeout_at IS NOT NULL AND callback_timeout_at < now()",
     "callback_timeout_at",
     limit_param=1,
 )

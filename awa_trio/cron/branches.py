@@ -86,8 +86,12 @@ async def sync_periodic_jobs(ctx: MaintenanceContext) -> CronSyncResult:
         if inserted:
             result.registered.append(job.name)
     if result.registered:
-        log.info("%s: registered %d new periodic jobs: %s",
-                 CRON_SYNC, len(result.registered), ", ".join(result.registered))
+        log.info(
+            "%s: registered %d new periodic jobs: %s",
+            CRON_SYNC,
+            len(result.registered),
+            ", ".join(result.registered),
+        )
     if result.upserted:
         log.debug("%s: synced %d periodic jobs", CRON_SYNC, result.upserted)
     return result
@@ -119,15 +123,15 @@ async def evaluate_schedules(
             log.warning(
                 "%s: schedule %r reached the catch-up limit of %d fires in one pass; "
                 "the remaining fires follow in the next passes",
-                CRON_EVAL, row.name, limit,
+                CRON_EVAL,
+                row.name,
+                limit,
             )
         await _enqueue_in_order(db, row, fires, result)
     return result
 
 
-def _due_fires(
-    row: CronJobRow, now: datetime, limit: int, result: CronEvalResult
-) -> list[datetime]:
+def _due_fires(row: CronJobRow, now: datetime, limit: int, result: CronEvalResult) -> list[datetime]:
     try:
         schedule = CronSchedule.parse(row.cron_expr, row.timezone)
         policy = parse_policy(row.missed_fire_policy)
@@ -148,8 +152,10 @@ def _due_fires(
         except (TypeError, ValueError, OverflowError) as exc:
             # Marks no clock reaches: 'infinity' (which the driver cannot
             # compare), year 1 or 9999 (out of datetime's range when stepped).
-            problem = (f"cannot compute fire times from created_at {row.created_at!r} and "
-                       f"last_enqueued_at {row.last_enqueued_at!r}: {exc}")
+            problem = (
+                f"cannot compute fire times from created_at {row.created_at!r} and "
+                f"last_enqueued_at {row.last_enqueued_at!r}: {exc}"
+            )
     result.invalid.append(row.name)
     log.error("%s: skipping schedule %r: %s", CRON_EVAL, row.name, problem)
     return []
@@ -164,18 +170,32 @@ async def _enqueue_in_order(
             job_id = await atomic_enqueue(db, row.name, fire, previous)
         except DatabaseError as exc:
             result.failed.append(row.name)
-            log.error("%s: failed to enqueue periodic job %r for fire time %s: %s",
-                      CRON_EVAL, row.name, format_fire_time(fire), exc)
+            log.error(
+                "%s: failed to enqueue periodic job %r for fire time %s: %s",
+                CRON_EVAL,
+                row.name,
+                format_fire_time(fire),
+                exc,
+            )
             return
         if job_id is None:
             result.claimed_elsewhere.append(row.name)
-            log.debug("%s: fire %s of %r was already claimed or the schedule was paused",
-                      CRON_EVAL, format_fire_time(fire), row.name)
+            log.debug(
+                "%s: fire %s of %r was already claimed or the schedule was paused",
+                CRON_EVAL,
+                format_fire_time(fire),
+                row.name,
+            )
             return
         previous = fire
         result.enqueued.append((row.name, job_id, fire))
-        log.info("%s: enqueued periodic job %r as job %d for fire time %s",
-                 CRON_EVAL, row.name, job_id, format_fire_time(fire))
+        log.info(
+            "%s: enqueued periodic job %r as job %d for fire time %s",
+            CRON_EVAL,
+            row.name,
+            job_id,
+            format_fire_time(fire),
+        )
 
 
 def cron_branches(config: MaintenanceConfig) -> list[BranchSpec]:
@@ -187,6 +207,11 @@ def cron_branches(config: MaintenanceConfig) -> list[BranchSpec]:
     """
     return [
         BranchSpec(CRON_SYNC, config.cron_sync_interval, sync_periodic_jobs, run_immediately=True),
-        BranchSpec(CRON_EVAL, config.cron_eval_interval, evaluate_cron_schedules, cooldown=False,
-                   run_immediately=True),
+        BranchSpec(
+            CRON_EVAL,
+            config.cron_eval_interval,
+            evaluate_cron_schedules,
+            cooldown=False,
+            run_immediately=True,
+        ),
     ]

@@ -61,10 +61,15 @@ NICKNAMES = {
     "@daily": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-MONTH_NAMES = {name: number for number, name in enumerate(
-    ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), start=1)}
-WEEKDAY_NAMES = {name: number for number, name in enumerate(
-    ("sun", "mon", "tue", "wed", "thu", "fri", "sat"))}
+MONTH_NAMES = {
+    name: number
+    for number, name in enumerate(
+        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), start=1
+    )
+}
+WEEKDAY_NAMES = {
+    name: number for number, name in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,9 +241,7 @@ def _value(token: str, index: int, *, range_end: bool = False) -> int:
 def _check_bounds(value: int, index: int, item: str) -> None:
     spec = FIELDS[index]
     if not spec.low <= value <= spec.high:
-        raise CronExpressionError(
-            f"{item!r} is out of range {spec.low}-{spec.high} in the {spec.name} field"
-        )
+        raise CronExpressionError(f"{item!r} is out of range {spec.low}-{spec.high} in the {spec.name} field")
 
 
 def _parse_weekday_in_month(item: str, original: str, parsed: _ParsedField) -> bool:
@@ -348,8 +351,7 @@ def _search_branches(fields: list[_ParsedField]) -> tuple[str, ...]:
     each because croniter cannot list them next to plain weekdays.
     """
     times = [
-        "*" if fields[index].is_any else _value_list(fields[index].values)
-        for index in (SECOND, MINUTE, HOUR)
+        "*" if fields[index].is_any else _value_list(fields[index].values) for index in (SECOND, MINUTE, HOUR)
     ]
     month = "*" if fields[MONTH].is_any else _value_list(fields[MONTH].values)
     dom, dow = fields[DAY_OF_MONTH], fields[DAY_OF_WEEK]
@@ -384,9 +386,7 @@ def parse_cron_expression(text: str) -> CronExpression:
     if stripped.startswith("@"):
         nickname = stripped.lower()
         if nickname not in NICKNAMES:
-            raise CronExpressionError(
-                f"unknown nickname {stripped!r} (supported: {', '.join(NICKNAMES)})"
-            )
+            raise CronExpressionError(f"unknown nickname {stripped!r} (supported: {', '.join(NICKNAMES)})")
         stripped = NICKNAMES[nickname]
     parts = stripped.split()
     if len(parts) == 5:

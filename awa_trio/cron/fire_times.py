@@ -117,10 +117,7 @@ def format_fire_time(fire_time: datetime) -> str:
     session's TimeZone or DateStyle.
     """
     utc = fire_time.astimezone(UTC)
-    text = (
-        f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d} "
-        f"{utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}"
-    )
+    text = f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d} {utc.hour:02d}:{utc.minute:02d}:{utc.second:02d}"
     if utc.microsecond:
         text += f".{utc.microsecond:06d}".rstrip("0")
     return text + "+00"

@@ -52,9 +52,7 @@ FLAG_SYNTAX = "NAME=EXPRESSION;kind=KIND[;queue=Q][;timezone=TZ][;args={JSON}][;
 def _build(values: Mapping[str, Any], where: str) -> PeriodicJob:
     unknown = [key for key in values if key not in FIELD_NAMES]
     if unknown:
-        raise PeriodicJobError(
-            f"{where}: unknown key {unknown[0]!r} (known: {', '.join(FIELD_NAMES)})"
-        )
+        raise PeriodicJobError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(FIELD_NAMES)})")
     missing = [key for key in REQUIRED_FIELDS if key not in values]
     if missing:
         raise PeriodicJobError(f"{where}: missing {', '.join(missing)}")
@@ -89,9 +87,7 @@ def _split_value(text: str, start: int, key: str, flag: str) -> tuple[Any, int]:
         try:
             value, position = json.JSONDecoder().raw_decode(text, position)
         except json.JSONDecodeError as exc:
-            raise PeriodicJobError(
-                f"--periodic-job {flag!r}: {key} is not valid JSON: {exc}"
-            ) from None
+            raise PeriodicJobError(f"--periodic-job {flag!r}: {key} is not valid JSON: {exc}") from None
         rest_end = text.find(";", position)
         rest_end = len(text) if rest_end < 0 else rest_end
         if text[position:rest_end].strip():

@@ -124,20 +124,22 @@ class CronJobRow:
 
 async def upsert_cron_job(db: Database | Connection, job: PeriodicJob) -> bool:
     """Register or update one schedule; True if the row is new."""
-    return bool(await db.fetchval(
-        UPSERT_CRON_JOB_SQL,
-        job.name,
-        job.cron_expr,
-        job.timezone,
-        job.kind,
-        job.queue,
-        job.args,
-        job.priority,
-        job.max_attempts,
-        list(job.tags),
-        job.metadata,
-        str(job.missed_fire_policy),
-    ))
+    return bool(
+        await db.fetchval(
+            UPSERT_CRON_JOB_SQL,
+            job.name,
+            job.cron_expr,
+            job.timezone,
+            job.kind,
+            job.queue,
+            job.args,
+            job.priority,
+            job.max_attempts,
+            list(job.tags),
+            job.metadata,
+            str(job.missed_fire_policy),
+        )
+    )
 
 
 async def list_cron_jobs(db: Database | Connection) -> tuple[datetime | None, list[CronJobRow]]:

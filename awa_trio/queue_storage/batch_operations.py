@@ -114,20 +114,27 @@ _STAMPED_PAYLOAD = """
 
 # A scheduled job, in place. $1 job, $2 queue or NULL (keep), $3 priority or
 # NULL (keep), $4 stamp the original queue.
-UPDATE_SCHEDULED_SQL = """
+UPDATE_SCHEDULED_SQL = (
+    """
     UPDATE {schema}.deferred_jobs AS job
     SET queue = COALESCE($2::text, job.queue),
         priority = COALESCE($3::smallint, job.priority),
-        payload = """ + _STAMPED_PAYLOAD.format(
-    payload="job.payload", queue="job.queue", priority="job.priority",
-    stamp_queue="$4::boolean", stamp_priority="$3::smallint IS NOT NULL",
-) + """
+        payload = """
+    + _STAMPED_PAYLOAD.format(
+        payload="job.payload",
+        queue="job.queue",
+        priority="job.priority",
+        stamp_queue="$4::boolean",
+        stamp_priority="$3::smallint IS NOT NULL",
+    )
+    + """
     WHERE job.job_id = $1
       AND job.state = 'scheduled'
       AND (job.queue <> COALESCE($2::text, job.queue)
            OR job.priority <> COALESCE($3::smallint, job.priority))
     RETURNING job.job_id
 """
+)
 
 # Hold the claim heads of every lane with an entry of job $1, so no claimer
 # takes the entry while it is tombstoned and re-entered.
@@ -201,7 +208,8 @@ ENSURE_LANE_SEQUENCES_SQL = "SELECT {schema}.ensure_lane_sequences($1, $2, $3)"
 # Re-enter the old entry ($1-$6) at the tail of lane ($7 queue, $8 priority,
 # $9 shard) in the live ring slot; $10 / $11 stamp the original queue /
 # priority. One NOTIFY wakes the target queue's workers.
-REENTER_READY_SQL = """
+REENTER_READY_SQL = (
+    """
     WITH lane AS (
         SELECT {schema}.reserve_enqueue_seq($7, $8, $9, 1) AS lane_seq
     ), ring AS (
@@ -215,10 +223,15 @@ REENTER_READY_SQL = """
         SELECT ring.current_slot, ring.generation, old.job_id, old.kind, $7, old.args, $8,
                old.attempt, old.run_lease, old.max_attempts, lane.lane_seq, $9, old.run_at,
                old.attempted_at, old.created_at, old.unique_key, old.unique_states,
-               """ + _STAMPED_PAYLOAD.format(
-    payload="old.payload", queue="old.queue", priority="old.priority",
-    stamp_queue="$10::boolean", stamp_priority="$11::boolean",
-) + """
+               """
+    + _STAMPED_PAYLOAD.format(
+        payload="old.payload",
+        queue="old.queue",
+        priority="old.priority",
+        stamp_queue="$10::boolean",
+        stamp_priority="$11::boolean",
+    )
+    + """
         FROM ring, lane, {schema}.ready_entries AS old
         WHERE old.ready_slot = $1 AND old.ready_generation = $2 AND old.queue = $3
           AND old.priority = $4 AND old.enqueue_shard = $5 AND old.lane_seq = $6
@@ -236,6 +249,7 @@ REENTER_READY_SQL = """
     SELECT count(*) AS moved, pg_notify('awa:' || $7, '') AS notified
     FROM moved
 """
+)
 
 OPERATION_STATE_SQL = "SELECT state FROM awa.batch_operations WHERE id = $1"
 
@@ -276,13 +290,9 @@ def storage_for(schema: str) -> BatchOperationStorage:
         async with conn.transaction():
             outcome = "skipped"
             if await conn.fetchval(OPERATION_STATE_SQL, operation_id) == "running":
-                changed = await conn.fetchval(
-                    plan.apply_sql, job_id, queue, priority, queue is not None
-                )
+                changed = await conn.fetchval(plan.apply_sql, job_id, queue, priority, queue is not None)
                 if changed is None:
-                    changed = await _reenter_available(
-                        conn, schema, statements, job_id, queue, priority
-                    )
+                    changed = await _reenter_available(conn, schema, statements, job_id, queue, priority)
                 if changed:
                     outcome = "processed"
             state = await conn.fetchval(RECORD_OUTCOME_SQL, operation_id, job_id, outcome)
@@ -325,14 +335,28 @@ async def _reenter_available(
         return False
     shards = await conn.fetchval(ENQUEUE_SHARDS_SQL, target_queue)
     shard = conn.backend_pid % shards if shards > 1 else 0
-    old_key = (entry["ready_slot"], entry["ready_generation"], entry["queue"],
-               entry["priority"], entry["enqueue_shard"], entry["lane_seq"])
+    old_key = (
+        entry["ready_slot"],
+        entry["ready_generation"],
+        entry["queue"],
+        entry["priority"],
+        entry["enqueue_shard"],
+        entry["lane_seq"],
+    )
     await conn.execute(LANE_LOCK_SQL, f"{schema}:{target_queue}:{target_priority}:{shard}")
-    await conn.execute(sql["tombstone_and_ensure_lane"], *old_key, job_id,
-                       target_queue, target_priority, shard)
+    await conn.execute(
+        sql["tombstone_and_ensure_lane"], *old_key, job_id, target_queue, target_priority, shard
+    )
     await conn.execute(sql["ensure_lane_sequences"], target_queue, target_priority, shard)
-    row = await conn.fetchrow(sql["reenter_ready"], *old_key, target_queue, target_priority,
-                              shard, queue is not None, priority is not None)
+    row = await conn.fetchrow(
+        sql["reenter_ready"],
+        *old_key,
+        target_queue,
+        target_priority,
+        shard,
+        queue is not None,
+        priority is not None,
+    )
     return row["moved"] == 1
 
 

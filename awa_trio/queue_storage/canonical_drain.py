@@ -185,8 +185,11 @@ def drain_rescue_sweep(
 
     def statement(selection: str) -> str:
         return _DRAIN_RESCUE_TEMPLATE.format(
-            predicate=predicate, selection=selection, error=sql_text_literal(error),
-            columns=JOB_COLUMNS_SQL, hot_columns=_HOT_COLUMNS_SQL,
+            predicate=predicate,
+            selection=selection,
+            error=sql_text_literal(error),
+            columns=JOB_COLUMNS_SQL,
+            hot_columns=_HOT_COLUMNS_SQL,
         )
 
     return dataclasses.replace(
@@ -245,8 +248,9 @@ def _log_pass(name: str, result: Any) -> None:
     if retried:
         log.info("%s: %s: rescued canonical jobs %s", name, PLANE, _ids(retried))
     if failed:
-        log.warning("%s: %s: canonical jobs %s were on their last attempt; failed them",
-                    name, PLANE, _ids(failed))
+        log.warning(
+            "%s: %s: canonical jobs %s were on their last attempt; failed them", name, PLANE, _ids(failed)
+        )
     if cancelled:
         log.info("%s: %s: cancelled canonical duplicates %s", name, PLANE, _ids(cancelled))
     promoted = getattr(result, "promoted", None) or {}
@@ -294,16 +298,36 @@ class DrainStatus:
     @property
     def summary(self) -> tuple[int, ...]:
         """What changes a report line (next_due_at alone does not)."""
-        return (self.backlog, self.available, self.running, self.waiting, self.deferred,
-                self.live_drain_runtimes, self.canonical_runners)
+        return (
+            self.backlog,
+            self.available,
+            self.running,
+            self.waiting,
+            self.deferred,
+            self.live_drain_runtimes,
+            self.canonical_runners,
+        )
 
 
 async def read_drain_status(ctx: MaintenanceContext) -> DrainStatus:
     blockers = FINALIZE_BLOCKERS.get(ctx.schema.version, FINALIZE_BLOCKERS[39])
     row = await ctx.db.fetchrow(DRAIN_STATUS_SQL, list(blockers))
-    return DrainStatus(**{field: row[field] for field in (
-        "backlog", "available", "running", "waiting", "deferred", "deferred_due",
-        "next_due_at", "live_drain_runtimes", "canonical_runners")})
+    return DrainStatus(
+        **{
+            field: row[field]
+            for field in (
+                "backlog",
+                "available",
+                "running",
+                "waiting",
+                "deferred",
+                "deferred_due",
+                "next_due_at",
+                "live_drain_runtimes",
+                "canonical_runners",
+            )
+        }
+    )
 
 
 def make_report() -> RunOnce:
@@ -318,7 +342,9 @@ def make_report() -> RunOnce:
             log.warning(
                 "%s: %d canonical jobs are due but no canonical_drain runtime is live to run "
                 "them; start one (storage_transition_role='canonical_drain'): until then they "
-                "wait and awa.storage_finalize() cannot pass", NAME, status.stranded,
+                "wait and awa.storage_finalize() cannot pass",
+                NAME,
+                status.stranded,
             )
         if status.summary != last[0]:  # one line per change, not per pass
             last[0] = status.summary
@@ -333,15 +359,25 @@ def _log_status(status: DrainStatus) -> None:
         log.info(
             "%s: %d live canonical jobs (%d available, %d running, %d waiting for callbacks, "
             "%d scheduled or retryable, next due %s); %d live runtimes run canonical work",
-            NAME, status.backlog, status.available, status.running, status.waiting,
-            status.deferred, status.next_due_at, status.canonical_runners,
+            NAME,
+            status.backlog,
+            status.available,
+            status.running,
+            status.waiting,
+            status.deferred,
+            status.next_due_at,
+            status.canonical_runners,
         )
     elif status.live_drain_runtimes:
         log.info(
             "%s: canonical plane drained; awa.storage_finalize() passes once the %d live "
             "runtimes it waits for stop and their last snapshots age out (30 s at least)",
-            NAME, status.live_drain_runtimes,
+            NAME,
+            status.live_drain_runtimes,
         )
     else:
-        log.info("%s: canonical plane drained and no runtime finalize waits for is live: "
-                 "awa.storage_finalize() can pass", NAME)
+        log.info(
+            "%s: canonical plane drained and no runtime finalize waits for is live: "
+            "awa.storage_finalize() can pass",
+            NAME,
+        )

@@ -108,13 +108,17 @@ async def purge_expired_dlq(ctx: MaintenanceContext, result: QueueStorageCleanup
     schema = schema_name(ctx)
     deadline = trio.current_time() + tick_budget(ctx)
     override_queues = sorted(
-        queue for queue, policy in config.queue_retention_overrides.items()
-        if policy.dlq is not None
+        queue for queue, policy in config.queue_retention_overrides.items() if policy.dlq is not None
     )
 
     result.dlq_purged = await _drain(
-        ctx, result, deadline, None,
-        PURGE_EXPIRED_DLQ_SQL.format(schema=schema), config.dlq_retention, override_queues,
+        ctx,
+        result,
+        deadline,
+        None,
+        PURGE_EXPIRED_DLQ_SQL.format(schema=schema),
+        config.dlq_retention,
+        override_queues,
     )
     if result.dlq_purged:
         log.info("%s: purged %d dead-lettered jobs past retention", NAME, result.dlq_purged)
@@ -122,13 +126,17 @@ async def purge_expired_dlq(ctx: MaintenanceContext, result: QueueStorageCleanup
     for queue in override_queues:
         retention = config.queue_retention_overrides[queue].dlq
         purged = await _drain(
-            ctx, result, deadline, queue,
-            PURGE_EXPIRED_QUEUE_DLQ_SQL.format(schema=schema), retention, queue,
+            ctx,
+            result,
+            deadline,
+            queue,
+            PURGE_EXPIRED_QUEUE_DLQ_SQL.format(schema=schema),
+            retention,
+            queue,
         )
         result.dlq_purged_by_queue[queue] = purged
         if purged:
-            log.info("%s: purged %d dead-lettered jobs past retention in queue %r",
-                     NAME, purged, queue)
+            log.info("%s: purged %d dead-lettered jobs past retention in queue %r", NAME, purged, queue)
 
 
 async def _drain(
@@ -161,6 +169,5 @@ async def _drain(
             return purged
         if trio.current_time() >= deadline:
             result.dlq_budget_exhausted = True
-            log.info("%s: %s: tick budget spent with more to purge; next tick goes on",
-                     NAME, step)
+            log.info("%s: %s: tick budget spent with more to purge; next tick goes on", NAME, step)
             return purged

@@ -153,7 +153,10 @@ async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResu
     schema = schema_name(ctx)
     cursor = await ctx.db.fetchrow(READ_CURSOR_SQL.format(schema=schema, ring=tables.ring))
     current, generation, slot_count = (
-        int(cursor["current_slot"]), int(cursor["generation"]), int(cursor["slot_count"]))
+        int(cursor["current_slot"]),
+        int(cursor["generation"]),
+        int(cursor["slot_count"]),
+    )
     next_slot = (current + 1) % slot_count
 
     busy_row = await ctx.db.fetchrow(tables.fill(tables.busy_sql, schema, next_slot))
@@ -163,13 +166,15 @@ async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResu
 
     moved = await ctx.db.fetchrow(
         ADVANCE_CURSOR_SQL.format(schema=schema, ring=tables.ring),
-        next_slot, generation + 1, current, generation,
+        next_slot,
+        generation + 1,
+        current,
+        generation,
     )
     if moved is None:
         # Another rotator moved the cursor since we read it.
         return RotateResult(rotated=False, slot=next_slot, blockers={})
-    return RotateResult(rotated=True, slot=int(moved["current_slot"]),
-                        generation=int(moved["generation"]))
+    return RotateResult(rotated=True, slot=int(moved["current_slot"]), generation=int(moved["generation"]))
 
 
 async def prune_oldest(
@@ -183,7 +188,8 @@ async def prune_oldest(
         async with ctx.db.transaction() as conn:
             cursor = await conn.fetchrow(LOCK_CURSOR_SQL.format(**ring_sql))
             oldest = oldest_sealed_slot(
-                int(cursor["current_slot"]), int(cursor["generation"]), int(cursor["slot_count"]))
+                int(cursor["current_slot"]), int(cursor["generation"]), int(cursor["slot_count"])
+            )
             if oldest is None:
                 return PruneResult(outcome=PruneOutcome.NOOP)
             slot = oldest[0]
@@ -218,5 +224,10 @@ async def prune_oldest(
 
 
 def _skipped(slot: int, reason: str, count: int, *, after_lock: bool) -> PruneResult:
-    return PruneResult(outcome=PruneOutcome.SKIPPED_ACTIVE, slot=slot, reason=reason,
-                       count=count, details={"after_lock": after_lock})
+    return PruneResult(
+        outcome=PruneOutcome.SKIPPED_ACTIVE,
+        slot=slot,
+        reason=reason,
+        count=count,
+        details={"after_lock": after_lock},
+    )

@@ -56,8 +56,14 @@ PROMOTE_MAX_BATCHES_PER_TICK = 32
 PROMOTABLE_STATES = ("scheduled", "retryable")
 #: Character position (1-based, for substr) of a state in the text unique-state mask.
 STATE_MASK_POSITION = {
-    "scheduled": 1, "available": 2, "running": 3, "completed": 4,
-    "retryable": 5, "failed": 6, "cancelled": 7, "waiting_external": 8,
+    "scheduled": 1,
+    "available": 2,
+    "running": 3,
+    "completed": 4,
+    "retryable": 5,
+    "failed": 6,
+    "cancelled": 7,
+    "waiting_external": 8,
 }
 #: Due rows looked at when checking for lanes that do not exist yet.
 LANE_CHECK_WINDOW = PROMOTE_BATCH_SIZE * PROMOTE_MAX_BATCHES_PER_TICK
@@ -69,15 +75,19 @@ _CLAIMS = "COALESCE(substr({row}.unique_states, {position}, 1) = '1', false)"
 
 
 def _gains_claim(row: str, state: str) -> str:
-    return (f"({row}.unique_key IS NOT NULL"
-            f" AND {_CLAIMS.format(row=row, position=STATE_MASK_POSITION['available'])}"
-            f" AND NOT {_CLAIMS.format(row=row, position=STATE_MASK_POSITION[state])})")
+    return (
+        f"({row}.unique_key IS NOT NULL"
+        f" AND {_CLAIMS.format(row=row, position=STATE_MASK_POSITION['available'])}"
+        f" AND NOT {_CLAIMS.format(row=row, position=STATE_MASK_POSITION[state])})"
+    )
 
 
 def _drops_claim(row: str, state: str) -> str:
-    return (f"({row}.unique_key IS NOT NULL"
-            f" AND {_CLAIMS.format(row=row, position=STATE_MASK_POSITION[state])}"
-            f" AND NOT {_CLAIMS.format(row=row, position=STATE_MASK_POSITION['available'])})")
+    return (
+        f"({row}.unique_key IS NOT NULL"
+        f" AND {_CLAIMS.format(row=row, position=STATE_MASK_POSITION[state])}"
+        f" AND NOT {_CLAIMS.format(row=row, position=STATE_MASK_POSITION['available'])})"
+    )
 
 
 # The state is a literal and the order is the index's, so the due rows come
@@ -386,11 +396,19 @@ async def ensure_lanes(ctx: MaintenanceContext, missing_sql: str, result: Promot
     if not missing:
         return
     schema = ctx.schema.queue_storage_schema
-    lanes = ([row["queue"] for row in missing], [row["priority"] for row in missing],
-             [row["enqueue_shard"] for row in missing])
+    lanes = (
+        [row["queue"] for row in missing],
+        [row["priority"] for row in missing],
+        [row["enqueue_shard"] for row in missing],
+    )
     async with ctx.db.transaction() as conn:
-        for template in (LOCK_LANES_SQL, INSERT_LANES_SQL, INSERT_ENQUEUE_HEADS_SQL,
-                         INSERT_CLAIM_HEADS_SQL, ENSURE_LANE_SEQUENCES_SQL):
+        for template in (
+            LOCK_LANES_SQL,
+            INSERT_LANES_SQL,
+            INSERT_ENQUEUE_HEADS_SQL,
+            INSERT_CLAIM_HEADS_SQL,
+            ENSURE_LANE_SEQUENCES_SQL,
+        ):
             await conn.execute(template.format(schema=schema), *lanes)
     created = [(row["queue"], row["priority"], row["enqueue_shard"]) for row in missing]
     result.lanes_created.extend(created)
@@ -406,8 +424,12 @@ async def promote_due_state(ctx: MaintenanceContext, layout, state: str, result:
         try:
             rows = await run_batch(ctx, sql, PROMOTE_BATCH_SIZE, next(_shard_rotor))
         except UniqueViolation as exc:
-            log.warning("%s: a batch of %s jobs hit a unique-claim conflict (%s); "
-                        "promoting row by row", NAME, state, exc)
+            log.warning(
+                "%s: a batch of %s jobs hit a unique-claim conflict (%s); promoting row by row",
+                NAME,
+                state,
+                exc,
+            )
             result.row_by_row.append(state)
             await promote_row_by_row(ctx, layout, state, result)
             # What is left is due again next tick, batched once more.
@@ -435,30 +457,39 @@ async def run_batch(ctx: MaintenanceContext, sql: str, *args) -> list:
         return await conn.fetch(sql, *args)
 
 
-async def promote_row_by_row(ctx: MaintenanceContext, layout, state: str,
-                             result: PromoteResult) -> None:
+async def promote_row_by_row(ctx: MaintenanceContext, layout, state: str, result: PromoteResult) -> None:
     """The fallback for a refused batch: each due job in its own statement. A
     job whose claim is held elsewhere stays deferred (the next batch leaves it
     out until the claim is free)."""
-    ids = [row["job_id"]
-           for row in await ctx.db.fetch(layout.sql(DUE_IDS_SQL[state]), PROMOTE_BATCH_SIZE)]
+    ids = [row["job_id"] for row in await ctx.db.fetch(layout.sql(DUE_IDS_SQL[state]), PROMOTE_BATCH_SIZE)]
     sql = layout.sql(PROMOTE_ONE_SQL[state])
     promoted = 0
     for position, job_id in enumerate(ids):
         try:
             rows = await run_batch(ctx, sql, 1, next(_shard_rotor), job_id)
         except UniqueViolation:
-            log.warning("%s: %s job %d is due but another job holds its unique claim; "
-                        "it stays deferred until the claim is released", NAME, state, job_id)
+            log.warning(
+                "%s: %s job %d is due but another job holds its unique claim; "
+                "it stays deferred until the claim is released",
+                NAME,
+                state,
+                job_id,
+            )
             result.skipped.append(job_id)
             continue
         except ConnectionLost as exc:
-            log.error("%s: connection lost during row-by-row promotion; %d %s jobs left "
-                      "for the next tick: %s", NAME, len(ids) - position, state, exc)
+            log.error(
+                "%s: connection lost during row-by-row promotion; %d %s jobs left for the next tick: %s",
+                NAME,
+                len(ids) - position,
+                state,
+                exc,
+            )
             break
         except DatabaseError as exc:
-            log.error("%s: promoting %s job %d failed; skipping it: %s",
-                      NAME, state, job_id, describe_error(exc))
+            log.error(
+                "%s: promoting %s job %d failed; skipping it: %s", NAME, state, job_id, describe_error(exc)
+            )
             result.skipped.append(job_id)
             continue
         # Nothing returned: promoted, deleted or paused meanwhile, or waiting on its claim.

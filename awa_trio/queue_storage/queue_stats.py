@@ -234,15 +234,9 @@ async def run_once(ctx: MaintenanceContext) -> QueueStatsResult:
         control = await _read_part(conn, result, CONTROL_PART, CONTROL_SQL.format(schema=schema))
         if control is None:
             return result
-        leases = await _read_part(
-            conn, result, LEASE_RING_PART, LEASE_RING_SQL.format(schema=schema)
-        )
-        claims = await _read_part(
-            conn, result, CLAIM_RING_PART, CLAIM_RING_SQL.format(schema=schema)
-        )
-        queue_ring = await _read_part(
-            conn, result, QUEUE_RING_PART, QUEUE_RING_SQL.format(schema=schema)
-        )
+        leases = await _read_part(conn, result, LEASE_RING_PART, LEASE_RING_SQL.format(schema=schema))
+        claims = await _read_part(conn, result, CLAIM_RING_PART, CLAIM_RING_SQL.format(schema=schema))
+        queue_ring = await _read_part(conn, result, QUEUE_RING_PART, QUEUE_RING_SQL.format(schema=schema))
 
     lease_rows = {row["queue"]: row for row in leases or ()}
     claim_rows = {row["queue"]: int(row["running_claims"]) for row in claims or ()}
@@ -284,20 +278,20 @@ async def run_once(ctx: MaintenanceContext) -> QueueStatsResult:
     return result
 
 
-async def _read_part(
-    conn: Connection, result: QueueStatsResult, part: str, sql: str
-) -> list[Any] | None:
+async def _read_part(conn: Connection, result: QueueStatsResult, part: str, sql: str) -> list[Any] | None:
     """One part's rows, or None when a lock held it up past RING_LOCK_TIMEOUT."""
     try:
         async with conn.transaction():
-            await conn.execute(
-                f"SET LOCAL lock_timeout = '{int(RING_LOCK_TIMEOUT * 1000)}ms'"
-            )
+            await conn.execute(f"SET LOCAL lock_timeout = '{int(RING_LOCK_TIMEOUT * 1000)}ms'")
             return await conn.fetch(sql)
     except QueryError as exc:
         if exc.sqlstate != LOCK_NOT_AVAILABLE:
             raise
-        log.info("%s: %s tables are locked (a prune?); keeping their last values this tick: %s",
-                 NAME, part, describe_error(exc))
+        log.info(
+            "%s: %s tables are locked (a prune?); keeping their last values this tick: %s",
+            NAME,
+            part,
+            describe_error(exc),
+        )
         result.skipped_parts.append(part)
         return None

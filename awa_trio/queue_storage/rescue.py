@@ -141,8 +141,7 @@ def still_open(
 
 #: The worker's completion lock of one receipt attempt (upstream's key).
 COMPLETION_LOCK_KEY = (
-    "pg_catalog.hashtextextended("
-    "format('awa.receipt.complete:%s:%s', {job_id}, {run_lease}), 0)"
+    "pg_catalog.hashtextextended(format('awa.receipt.complete:%s:%s', {job_id}, {run_lease}), 0)"
 )
 
 
@@ -186,12 +185,9 @@ TAKE_LEASES_TEMPLATE = """
 """
 
 
-def take_leases_sql(
-    *, predicate: str, order_by: str, error: str, limit: str, job_filter: str
-) -> str:
+def take_leases_sql(*, predicate: str, order_by: str, error: str, limit: str, job_filter: str) -> str:
     return (
-        TAKE_LEASES_TEMPLATE
-        .replace("{predicate}", predicate)
+        TAKE_LEASES_TEMPLATE.replace("{predicate}", predicate)
         .replace("{order_by}", order_by)
         .replace("{error}", sql_literal(error))
         .replace("{limit}", limit)
@@ -375,9 +371,11 @@ SETTLE_SQL = f"""
             planned.unique_key IS NOT NULL
                 AND {mask_claims("planned.unique_states", "planned.old_state")} AS old_claims,
             planned.unique_key IS NOT NULL AND planned.target <> 'cancelled'
-                AND {mask_claims("planned.unique_states",
-                                 "CASE planned.target WHEN 'dlq' THEN 'failed' "
-                                 "ELSE planned.target END")} AS new_claims
+                AND {
+    mask_claims(
+        "planned.unique_states", "CASE planned.target WHEN 'dlq' THEN 'failed' ELSE planned.target END"
+    )
+} AS new_claims
         FROM planned
     ),
     wanted AS (
@@ -408,9 +406,11 @@ SETTLE_SQL = f"""
         DELETE FROM awa.job_unique_claims AS held
         USING settled
         WHERE settled.old_claims
-          AND NOT {mask_claims("settled.unique_states",
-                               "CASE settled.outcome WHEN 'dlq' THEN 'failed' "
-                               "ELSE settled.outcome END")}
+          AND NOT {
+    mask_claims(
+        "settled.unique_states", "CASE settled.outcome WHEN 'dlq' THEN 'failed' ELSE settled.outcome END"
+    )
+}
           AND held.unique_key = settled.unique_key
           AND held.job_id = settled.job_id
         RETURNING held.job_id
@@ -667,9 +667,7 @@ def drain_budget(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> float:
     return min(float(ctx.config.drain_time_budget), interval / 2)
 
 
-async def run_rescue(
-    ctx: MaintenanceContext, rescue: QueueStorageRescue
-) -> QueueStorageRescueResult:
+async def run_rescue(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> QueueStorageRescueResult:
     """One tick of a queue-storage rescue branch: drain in batches."""
     result = QueueStorageRescueResult()
     batch_size = int(ctx.config.rescue_batch_size)
@@ -686,16 +684,16 @@ async def run_rescue(
         if trio.current_time() - started >= budget:
             result.budget_exhausted = True
             log.warning(
-                "%s: drain budget (%.3gs) spent after %d batches; the rest waits for the "
-                "next tick", rescue.name, budget, result.batches,
+                "%s: drain budget (%.3gs) spent after %d batches; the rest waits for the next tick",
+                rescue.name,
+                budget,
+                result.batches,
             )
             break
     return result
 
 
-async def rescue_batch(
-    ctx: MaintenanceContext, rescue: QueueStorageRescue, limit: int
-) -> _BatchOutcome:
+async def rescue_batch(ctx: MaintenanceContext, rescue: QueueStorageRescue, limit: int) -> _BatchOutcome:
     """One batch in one transaction (the row-by-row fallback included)."""
     async with ctx.db.transaction() as conn:
         # The planner prices these statements (subplans over every ring
@@ -715,7 +713,9 @@ async def rescue_batch(
                 raise
             log.warning(
                 "%s: batch of %d failed (%s); redoing it row by row",
-                rescue.name, len(taken), _describe(exc),
+                rescue.name,
+                len(taken),
+                _describe(exc),
             )
         records, skipped = await settle_row_by_row(conn, ctx, rescue, taken)
         return _BatchOutcome(len(taken), records, skipped, row_by_row=True)
@@ -738,11 +738,19 @@ async def settle_row_by_row(
         except ConnectionLost:
             raise
         except UniqueViolation as exc:
-            log.warning("%s: rescuing job queue_storage:%d conflicts (%s); cancelling it as a "
-                        "superseded duplicate", rescue.name, job_id, _describe(exc))
+            log.warning(
+                "%s: rescuing job queue_storage:%d conflicts (%s); cancelling it as a superseded duplicate",
+                rescue.name,
+                job_id,
+                _describe(exc),
+            )
         except (QueryError, SettleMismatch) as exc:
-            log.error("%s: rescue of job queue_storage:%d failed; leaving it for the next "
-                      "tick: %s", rescue.name, job_id, _describe(exc))
+            log.error(
+                "%s: rescue of job queue_storage:%d failed; leaving it for the next tick: %s",
+                rescue.name,
+                job_id,
+                _describe(exc),
+            )
             skipped.append(job_id)
             continue
         try:
@@ -753,8 +761,12 @@ async def settle_row_by_row(
         except ConnectionLost:
             raise
         except (QueryError, SettleMismatch) as exc:
-            log.error("%s: cannot rescue or cancel job queue_storage:%d; leaving it as it is "
-                      "(resolve by hand): %s", rescue.name, job_id, _describe(exc))
+            log.error(
+                "%s: cannot rescue or cancel job queue_storage:%d; leaving it as it is (resolve by hand): %s",
+                rescue.name,
+                job_id,
+                _describe(exc),
+            )
             skipped.append(job_id)
     return records, skipped
 
@@ -772,7 +784,8 @@ async def settle(
     columns = [[row[name] for row in taken] for name in TAKEN_COLUMNS]
     columns[4] = [str(state) for state in columns[4]]
     dlq_queues = sorted(
-        queue for queue in {row["queue"] for row in taken}
+        queue
+        for queue in {row["queue"] for row in taken}
         if rescue.exhausts_to_failed and ctx.config.dlq_policy.enabled_for(queue)
     )
     records = await conn.fetch(
@@ -786,9 +799,7 @@ async def settle(
     )
     missing = {int(row["job_id"]) for row in taken} - {int(record["id"]) for record in records}
     if missing:
-        raise SettleMismatch(
-            f"no ready entry found for taken attempts of jobs {sorted(missing)[:20]}"
-        )
+        raise SettleMismatch(f"no ready entry found for taken attempts of jobs {sorted(missing)[:20]}")
     return records
 
 
@@ -843,17 +854,24 @@ async def apply_side_effects(
 
     if cancelled:
         ctx.metrics.record_rescues(f"{rescue.metric_kind}_duplicate_cancelled", len(cancelled))
-        log.warning("%s: cancelled %d queue-storage jobs superseded by a newer unique "
-                    "duplicate: %s", rescue.name, len(cancelled), _ids(cancelled))
+        log.warning(
+            "%s: cancelled %d queue-storage jobs superseded by a newer unique duplicate: %s",
+            rescue.name,
+            len(cancelled),
+            _ids(cancelled),
+        )
     if rescued:
         ctx.metrics.record_rescues(rescue.metric_kind, len(rescued))
-        log.warning("%s: rescued %d queue-storage jobs (%s)", rescue.name, len(rescued),
-                    rescue.reason)
+        log.warning("%s: rescued %d queue-storage jobs (%s)", rescue.name, len(rescued), rescue.reason)
     if dead_lettered:
         for (kind, queue), count in Counter((j.kind, j.queue) for j in dead_lettered).items():
             ctx.metrics.record_dlq_moved(kind, queue, CALLBACK_TIMEOUT_DLQ_REASON, count)
-        log.warning("%s: moved %d exhausted callback timeouts to the DLQ: %s",
-                    rescue.name, len(dead_lettered), _ids(dead_lettered))
+        log.warning(
+            "%s: moved %d exhausted callback timeouts to the DLQ: %s",
+            rescue.name,
+            len(dead_lettered),
+            _ids(dead_lettered),
+        )
 
     hooks: Hooks | None = ctx.hooks
     if hooks is None:
@@ -888,8 +906,9 @@ async def insert_follow_ups(
         follow_ups = hooks.follow_ups_for(job, rescue.reason)
     except Exception:
         # Application code: whatever it raises must not undo or stop the sweep.
-        log.exception("%s: follow-up factory for %s job %s failed; the rescue stands",
-                      rescue.name, job.kind, job.label)
+        log.exception(
+            "%s: follow-up factory for %s job %s failed; the rescue stands", rescue.name, job.kind, job.label
+        )
         result.follow_up_failures += 1
         return
     if not follow_ups:
@@ -900,13 +919,20 @@ async def insert_follow_ups(
                 await conn.fetchval(INSERT_FOLLOW_UP_SQL, *follow_up_arguments(follow_up))
     except Exception as exc:
         # DatabaseError, or application data the driver cannot encode.
-        log.error("%s: inserting %d follow-up jobs for %s job %s failed, none inserted; "
-                  "the rescue stands: %s", rescue.name, len(follow_ups), job.kind, job.label, exc)
+        log.error(
+            "%s: inserting %d follow-up jobs for %s job %s failed, none inserted; the rescue stands: %s",
+            rescue.name,
+            len(follow_ups),
+            job.kind,
+            job.label,
+            exc,
+        )
         result.follow_up_failures += 1
         return
     result.follow_ups_inserted += len(follow_ups)
-    log.info("%s: inserted %d follow-up jobs for %s job %s",
-             rescue.name, len(follow_ups), job.kind, job.label)
+    log.info(
+        "%s: inserted %d follow-up jobs for %s job %s", rescue.name, len(follow_ups), job.kind, job.label
+    )
 
 
 def _describe(exc: BaseException) -> str:

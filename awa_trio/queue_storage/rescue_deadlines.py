@@ -40,8 +40,7 @@ DUPLICATE_ERROR = "rescued as duplicate: deadline expired and unique claim held 
 # $1 = row limit, $2 = job ids or NULL.
 TAKE_EXPIRED_LEASES_SQL = take_leases_sql(
     predicate=(
-        "lease.state = 'running' AND lease.deadline_at IS NOT NULL "
-        "AND lease.deadline_at < clock_timestamp()"
+        "lease.state = 'running' AND lease.deadline_at IS NOT NULL AND lease.deadline_at < clock_timestamp()"
     ),
     order_by="lease.deadline_at",
     error=RESCUE_ERROR,
@@ -85,8 +84,12 @@ async def take_expired(
     taken = list(await conn.fetch(in_schema(ctx, TAKE_EXPIRED_LEASES_SQL), limit, job_ids))
     if len(taken) < limit:
         taken += await take_receipts(
-            conn, ctx, LOCK_EXPIRED_RECEIPTS_SQL, (limit - len(taken), job_ids),
-            outcome=OUTCOME_DEADLINE_RECEIPT, error=RESCUE_ERROR,
+            conn,
+            ctx,
+            LOCK_EXPIRED_RECEIPTS_SQL,
+            (limit - len(taken), job_ids),
+            outcome=OUTCOME_DEADLINE_RECEIPT,
+            error=RESCUE_ERROR,
         )
     return taken
 

@@ -147,12 +147,15 @@ async def take_stale(
     conn: Connection, ctx: MaintenanceContext, limit: int, job_ids: list[int] | None
 ) -> list:
     staleness = float(ctx.config.heartbeat_staleness)
-    taken = list(await conn.fetch(
-        in_schema(ctx, TAKE_STALE_LEASES_SQL), staleness, limit, job_ids))
+    taken = list(await conn.fetch(in_schema(ctx, TAKE_STALE_LEASES_SQL), staleness, limit, job_ids))
     if len(taken) < limit:
         taken += await take_receipts(
-            conn, ctx, LOCK_STALE_RECEIPTS_SQL, (staleness, limit - len(taken), job_ids),
-            outcome=OUTCOME_STALE_RECEIPT, error=RECEIPT_ERROR,
+            conn,
+            ctx,
+            LOCK_STALE_RECEIPTS_SQL,
+            (staleness, limit - len(taken), job_ids),
+            outcome=OUTCOME_STALE_RECEIPT,
+            error=RECEIPT_ERROR,
         )
     return taken
 

@@ -102,13 +102,19 @@ async def run_ring_tick(
 def record_rotate(ctx: MaintenanceContext, ring: str, outcome: RotateResult, branch: str) -> None:
     if outcome.rotated:
         ctx.metrics.record_rotate_rotated(ring, outcome.slot, outcome.generation or 0)
-        log.debug("%s: rotated %s ring to slot %d (generation %s)",
-                  branch, ring, outcome.slot, outcome.generation)
+        log.debug(
+            "%s: rotated %s ring to slot %d (generation %s)", branch, ring, outcome.slot, outcome.generation
+        )
     else:
         ctx.metrics.record_rotate_skipped_busy(ring, outcome.blockers)
         busy = ", ".join(f"{name}={count}" for name, count in outcome.blockers.items() if count)
-        log.debug("%s: %s ring rotation skipped, slot %d busy (%s)",
-                  branch, ring, outcome.slot, busy or "lost compare-and-set")
+        log.debug(
+            "%s: %s ring rotation skipped, slot %d busy (%s)",
+            branch,
+            ring,
+            outcome.slot,
+            busy or "lost compare-and-set",
+        )
 
 
 def record_prune(ctx: MaintenanceContext, ring: str, outcome: PruneResult, branch: str) -> None:
@@ -118,5 +124,11 @@ def record_prune(ctx: MaintenanceContext, ring: str, outcome: PruneResult, branc
     elif outcome.outcome is PruneOutcome.BLOCKED:
         log.debug("%s: prune of %s ring slot %s blocked by a lock", branch, ring, outcome.slot)
     elif outcome.outcome is PruneOutcome.SKIPPED_ACTIVE:
-        log.debug("%s: prune of %s ring slot %s skipped: %s (%s)",
-                  branch, ring, outcome.slot, outcome.reason, outcome.count)
+        log.debug(
+            "%s: prune of %s ring slot %s skipped: %s (%s)",
+            branch,
+            ring,
+            outcome.slot,
+            outcome.reason,
+            outcome.count,
+        )

@@ -58,7 +58,10 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
         await conn.execute(sql.READ_COMMITTED_SQL)
         state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
         current, generation, slot_count = (
-            int(state["current_slot"]), int(state["generation"]), int(state["slot_count"]))
+            int(state["current_slot"]),
+            int(state["generation"]),
+            int(state["slot_count"]),
+        )
         next_slot = (current + 1) % slot_count
         busy = await _fetch_one(conn, sql.children_busy_sql(schema, next_slot))
         blockers = {label: int(busy[label]) for label, _table in sql.QUEUE_SLOT_CHILDREN}
@@ -66,7 +69,10 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
             return RotateResult(rotated=False, slot=next_slot, blockers=blockers)
         advanced = await conn.fetchval(
             sql.ADVANCE_CURSOR_SQL.format(schema=schema),
-            current, generation, next_slot, generation + 1,
+            current,
+            generation,
+            next_slot,
+            generation + 1,
         )
         if advanced is None:
             return RotateResult(rotated=False, slot=next_slot)
@@ -102,8 +108,7 @@ async def prune(
     floor = max(0.0, float(ctx.config.failed_retention))
     try:
         async with ctx.db.transaction() as conn:
-            return await _prune_in_transaction(
-                ctx, conn, schema, floor, lock_timeout, defer_idle_carry)
+            return await _prune_in_transaction(ctx, conn, schema, floor, lock_timeout, defer_idle_carry)
     except _Blocked as blocked:
         return PruneResult(PruneOutcome.BLOCKED, slot=blocked.args[0])
 
@@ -140,15 +145,16 @@ async def _prune_in_transaction(
 
     if defer_idle_carry and floor > 0 and busy["queue.done_rows"]:
         live_ready = sql.child(schema, "ready_entries", current)
-        has_traffic = await conn.fetchval(
-            sql.CURRENT_SLOT_HAS_TRAFFIC_SQL.format(ready_child=live_ready))
+        has_traffic = await conn.fetchval(sql.CURRENT_SLOT_HAS_TRAFFIC_SQL.format(ready_child=live_ready))
         if not has_traffic:
             grace = slot_count * float(ctx.config.queue_rotate_interval)
             only_retained = await conn.fetchval(
-                sql.ONLY_RETAINED_FAILED_ROWS_SQL.format(**names), floor, grace)
+                sql.ONLY_RETAINED_FAILED_ROWS_SQL.format(**names), floor, grace
+            )
             if only_retained:
-                return PruneResult(PruneOutcome.NOOP, slot=slot,
-                                   details={"deferred_carry": True, "rewritten_rows": 0})
+                return PruneResult(
+                    PruneOutcome.NOOP, slot=slot, details={"deferred_carry": True, "rewritten_rows": 0}
+                )
 
     children = ", ".join(sql.slot_children(schema, slot))
     await conn.execute(sql.SET_LOCK_TIMEOUT_SQL, f"{max(1, round(lock_timeout * 1000))}ms")
@@ -167,25 +173,34 @@ async def _prune_in_transaction(
 
     carried = 0
     if floor > 0:
-        live_generation = await conn.fetchval(
-            sql.SLOT_GENERATION_SQL.format(schema=schema), current)
+        live_generation = await conn.fetchval(sql.SLOT_GENERATION_SQL.format(schema=schema), current)
         status = await conn.execute(
-            sql.CARRY_FAILED_ROWS_SQL.format(schema=schema, **names),
-            floor, current, live_generation)
+            sql.CARRY_FAILED_ROWS_SQL.format(schema=schema, **names), floor, current, live_generation
+        )
         carried = _affected(status)
         if carried:
             await conn.execute(
                 sql.CARRY_COUNT_DELTAS_SQL.format(
-                    schema=schema, buckets=sql.TERMINAL_COUNTER_BUCKETS, **names),
-                floor, current, live_generation)
+                    schema=schema, buckets=sql.TERMINAL_COUNTER_BUCKETS, **names
+                ),
+                floor,
+                current,
+                live_generation,
+            )
 
     folded = await _fetch_one(
-        conn, sql.FOLD_INTO_ROLLUPS_SQL.format(schema=schema, **names), floor, floor > 0)
+        conn, sql.FOLD_INTO_ROLLUPS_SQL.format(schema=schema, **names), floor, floor > 0
+    )
     await conn.execute(sql.TRUNCATE_SLOT_SQL.format(children=children))
     await conn.execute(sql.DELETE_SLOT_LIVE_COUNTS_SQL.format(schema=schema), slot)
     if carried:
-        log.info("%s: carried %d failed rows inside the retention floor from slot %d "
-                 "to the live slot %d", NAME, carried, slot, current)
+        log.info(
+            "%s: carried %d failed rows inside the retention floor from slot %d to the live slot %d",
+            NAME,
+            carried,
+            slot,
+            current,
+        )
     return PruneResult(
         PruneOutcome.PRUNED,
         slot=slot,
@@ -203,8 +218,8 @@ async def _check_gates(
     conn: Connection, schema: str, slot: int, generation: int, names: dict[str, str]
 ) -> PruneResult | None:
     gates = await _fetch_one(
-        conn, sql.PRUNE_GATES_SQL.format(schema=schema, ready_child=names["ready_child"]),
-        slot, generation)
+        conn, sql.PRUNE_GATES_SQL.format(schema=schema, ready_child=names["ready_child"]), slot, generation
+    )
     for column, reason in (
         ("active_leases", sql.REASON_ACTIVE_LEASES),
         ("pending_ready", sql.REASON_PENDING_READY),

@@ -207,8 +207,9 @@ class RollupResult:
 
     @property
     def did_anything(self) -> bool:
-        return bool(self.rolled_slots or self.skipped_active_slots or self.blocked_slots
-                    or self.skipped_mvcc_pinned)
+        return bool(
+            self.rolled_slots or self.skipped_active_slots or self.blocked_slots or self.skipped_mvcc_pinned
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,14 +244,24 @@ async def run_once(ctx: MaintenanceContext, max_slots: int = MAX_SLOTS_PER_TICK)
             result.skipped_mvcc_pinned = True
             break
     if result.rolled_slots:
-        log.info("%s: folded %d delta rows (%d keys) of %d slots; skipped active %d, "
-                 "blocked %d, mvcc pinned %s", NAME, result.delta_rows, result.grouped_keys,
-                 result.rolled_slots, result.skipped_active_slots, result.blocked_slots,
-                 result.skipped_mvcc_pinned)
+        log.info(
+            "%s: folded %d delta rows (%d keys) of %d slots; skipped active %d, blocked %d, mvcc pinned %s",
+            NAME,
+            result.delta_rows,
+            result.grouped_keys,
+            result.rolled_slots,
+            result.skipped_active_slots,
+            result.blocked_slots,
+            result.skipped_mvcc_pinned,
+        )
     elif result.did_anything:
-        log.debug("%s: nothing folded; skipped active %d, blocked %d, mvcc pinned %s",
-                  NAME, result.skipped_active_slots, result.blocked_slots,
-                  result.skipped_mvcc_pinned)
+        log.debug(
+            "%s: nothing folded; skipped active %d, blocked %d, mvcc pinned %s",
+            NAME,
+            result.skipped_active_slots,
+            result.blocked_slots,
+            result.skipped_mvcc_pinned,
+        )
     return result
 
 
@@ -299,9 +310,14 @@ async def _rollup_slot_tx(conn: Connection, sql, slot: int, generation: int) -> 
         return _Slot(SlotOutcome.EMPTY)
     grouped_keys = (await conn.fetchrow(sql(FOLD_DELTAS_SQL), generation))["grouped_keys"]
     if rows["other_generations"]:
-        log.warning("%s: delta child of slot %d holds %d rows of other generations; "
-                    "deleting only generation %d's rows", NAME, slot,
-                    rows["other_generations"], generation)
+        log.warning(
+            "%s: delta child of slot %d holds %d rows of other generations; "
+            "deleting only generation %d's rows",
+            NAME,
+            slot,
+            rows["other_generations"],
+            generation,
+        )
         await conn.execute(sql(DELETE_GENERATION_DELTAS_SQL), generation)
     else:
         await conn.execute(sql(TRUNCATE_DELTAS_SQL))
