@@ -123,7 +123,7 @@ async def supervise_branch(
     ctx: MaintenanceContext,
     tracker: TrackerClient,
     *,
-    task_status=trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a branch, restarting it after a crash with bounded intensity."""
     limit = ctx.config.branch_restart_limit

@@ -19,7 +19,7 @@ import signal
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -66,7 +66,7 @@ def flag_name(field_name: str) -> str:
 
 def _default_text(field: dataclasses.Field) -> str:
     kind = field.metadata["kind"]
-    default = field.default
+    default: Any = field.default
     if kind in (INTERVAL, RETENTION):
         return format_duration(default)
     return str(default)
@@ -75,7 +75,7 @@ def _default_text(field: dataclasses.Field) -> str:
 class _OneLineErrorParser(argparse.ArgumentParser):
     """Usage mistakes get one line, like every other bad input."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"awa_trio: invalid configuration: {message} (see --help)\n")
 
 
@@ -198,8 +198,8 @@ def parse_queue_retention(text: str) -> tuple[str, RetentionPolicy]:
     if not queue.strip() or not parts or not parts[0] or len(parts) > 3:
         raise ConfigError(f"queue retention {text!r} must look like QUEUE=COMPLETED[,FAILED[,DLQ]]")
     names = ("completed", "failed", "dlq")
-    values = {name: value for name, value in zip(names, parts, strict=False) if value}
-    return queue.strip(), retention_policy_from(values, field=f"queue retention {queue.strip()}")
+    settings = {name: value for name, value in zip(names, parts, strict=False) if value}
+    return queue.strip(), retention_policy_from(settings, field=f"queue retention {queue.strip()}")
 
 
 def parse_switch(text: str, what: str) -> bool:
@@ -285,7 +285,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
 
     config_path = args.config or environ.get("AWA_CONFIG")
     document = load_config_file(config_path) if config_path else {}
-    values = _settings_from_file(document, config_path) if document else {}
+    values = _settings_from_file(document, config_path) if document and config_path else {}
 
     for field in dataclasses.fields(MaintenanceConfig):
         if field.metadata["kind"] not in (INTERVAL, RETENTION, COUNT):
@@ -340,7 +340,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         or document.get("database_url")
         or DEFAULT_DATABASE_URL
     )
-    from_file = periodic_jobs_from_document(document, source=config_path) if document else ()
+    from_file = periodic_jobs_from_document(document, source=config_path) if document and config_path else ()
     job_flags = args.periodic_job
     if job_flags is None:
         job_flags = split_periodic_job_lines(environ.get("AWA_PERIODIC_JOBS", ""))

@@ -130,7 +130,8 @@ def _require_count(field: str, value: Any) -> int:
             raise ConfigError(f"{field} must be an integer, not {value!r}") from None
     if value <= 0:
         raise ConfigError(f"{field} must be > 0")
-    return value
+    count: int = value
+    return count
 
 
 _RETENTION_FIELDS = ("completed", "failed", "dlq")
@@ -167,12 +168,11 @@ def retention_policy_from(values: Mapping[str, Any], *, field: str) -> Retention
     for name in values:
         if name not in _RETENTION_FIELDS:
             raise ConfigError(f"{field}: unknown retention setting {name!r} (use completed, failed, dlq)")
-    return RetentionPolicy(
-        **{
-            name: None if name == "dlq" and value is None else _retention_seconds(f"{field}.{name}", value)
-            for name, value in values.items()
-        }
-    )
+    settings: dict[str, Any] = {
+        name: None if name == "dlq" and value is None else _retention_seconds(f"{field}.{name}", value)
+        for name, value in values.items()
+    }
+    return RetentionPolicy(**settings)
 
 
 def _require_switch(field: str, value: Any) -> bool:

@@ -316,7 +316,9 @@ class Hooks:
         """Events waiting for a handler (for /status)."""
         return self._send.statistics().current_buffer_used if self._send is not None else 0
 
-    async def run(self, config: MaintenanceConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, config: MaintenanceConfig, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Dispatch events to handlers until cancelled; running handlers are
         cancelled with it and queued events are dropped."""
         if self._send is not None:

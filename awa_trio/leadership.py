@@ -169,7 +169,7 @@ class LeaderElector:
         #: Set when a leader announced a graceful release (see RELEASE_CHANNEL).
         self._release_heard = trio.Event()
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         candidate: Connection | None = None
         try:

@@ -178,7 +178,7 @@ class ConnectionEpisodeFilter(logging.Filter):
         verdict = getattr(record, "_awa_trio_episode_verdict", None)
         if verdict is None:
             verdict = self._judge(record)
-            record._awa_trio_episode_verdict = verdict  # type: ignore[attr-defined]
+            record._awa_trio_episode_verdict = verdict
         return verdict
 
     def _judge(self, record: logging.LogRecord) -> bool:

@@ -90,7 +90,7 @@ def _queue_storage_schema(details: str | None) -> str:
             f"queue-storage schema name {name!r} in awa.storage_status() is not a plain "
             "identifier awa_trio can address"
         )
-    return name
+    return str(name)
 
 
 async def read_schema(db: Database) -> SchemaInfo | None:
@@ -133,7 +133,7 @@ def unsupported_engine_message(engine: str) -> str:
 def migrate(database_url: str) -> int:
     """Install or upgrade the Awa schema with awa-pg's own migrator."""
     try:
-        import awa  # type: ignore[import-not-found]
+        import awa
     except ImportError:
         raise UnsupportedSchema(
             f"awa-pg is not installed; install it with: pip install '{AWA_PG_REQUIREMENT}'"

@@ -190,7 +190,9 @@ class MaintenanceService:
         """A change that keeps the branch set (canonical -> prepared)."""
         self.schema = schema
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: trio.TaskStatus[MaintenanceService] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Serve until stop() or cancellation. Startup errors (bad URL,
         unreachable server, unsupported schema) are raised before
         ``task_status.started()``; a storage change while leading restarts
@@ -206,7 +208,7 @@ class MaintenanceService:
                 raise error from error.__cause__
             raise
 
-    async def _run(self, task_status) -> None:
+    async def _run(self, task_status: trio.TaskStatus[MaintenanceService]) -> None:
         with trio.CancelScope() as scope:
             self._scope = scope
             async with open_database(
@@ -233,7 +235,7 @@ class MaintenanceService:
                     periodic_jobs=self.periodic_jobs,
                 )
 
-                async def lead(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                async def lead(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                     self._term += 1
                     CURRENT_TERM.set(self._term)
                     self._term_started_at = time.time()

@@ -68,7 +68,7 @@ async def run_leader_term(
     *,
     on_term_start: Callable[[SchemaInfo, Sequence[BranchSpec], TrackerClient], None] | None = None,
     on_storage_seen: Callable[[SchemaInfo], None] | None = None,
-    task_status=trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Lead until cancelled, one term per storage state."""
     started = False
@@ -103,7 +103,7 @@ async def read_supported_schema(ctx: MaintenanceContext) -> SchemaInfo:
     """The schema now, or UnsupportedSchema if awa_trio cannot maintain it."""
     info = await read_schema(ctx.db)
     if info is None or info.version not in SUPPORTED_SCHEMA_VERSIONS:
-        raise UnsupportedSchema(unsupported_version_message(info and info.version))
+        raise UnsupportedSchema(unsupported_version_message(None if info is None else info.version))
     if info.engine not in SUPPORTED_ENGINES:
         raise UnsupportedSchema(
             f"storage engine changed from {ctx.schema.engine!r} to {info.engine!r}; "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -82,14 +83,15 @@ class TrackerClient:
     def __init__(self, send_channel: trio.MemorySendChannel):
         self._send = send_channel
 
-    async def _ask(self, make_request):
+    async def _ask(self, make_request: Callable[[trio.MemorySendChannel[Any]], object]) -> Any:
         reply_send, reply_receive = trio.open_memory_channel(1)
         async with reply_receive:
             await self._send.send(make_request(reply_send))
             return await reply_receive.receive()
 
     async def begin_tick(self, branch: str, interval: float, *, cooldown: bool = True) -> TickDecision:
-        return await self._ask(lambda reply: _BeginTick(branch, interval, cooldown, reply))
+        decision: TickDecision = await self._ask(lambda reply: _BeginTick(branch, interval, cooldown, reply))
+        return decision
 
     async def finish_tick(self, branch: str, duration: float, *, error: str | None = None) -> None:
         await self._send.send(_FinishTick(branch, duration, error))
@@ -97,16 +99,20 @@ class TrackerClient:
     async def snapshot(self) -> dict[str, dict[str, Any]]:
         """Per branch: interval, last run, last duration, last error, cooldown
         and prune backoff, as the tracker sees them now."""
-        return await self._ask(_Snapshot)
+        snapshot: dict[str, dict[str, Any]] = await self._ask(_Snapshot)
+        return snapshot
 
     async def should_skip_prune(self, branch: str) -> bool:
-        return await self._ask(lambda reply: _PruneGate(branch, reply))
+        skip: bool = await self._ask(lambda reply: _PruneGate(branch, reply))
+        return skip
 
     async def report_prune(self, branch: str, outcome: PruneOutcome) -> None:
         await self._send.send(_PruneReport(branch, outcome))
 
 
-async def run_tracker(metrics: MaintenanceMetrics, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run_tracker(
+    metrics: MaintenanceMetrics, *, task_status: trio.TaskStatus[TrackerClient] = trio.TASK_STATUS_IGNORED
+) -> None:
     """Serve tracker requests until cancelled. State starts empty, so every
     leadership term begins without inherited backoff or cooldown."""
     overrun = OverrunTracker()

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from support.qs_load import (
+    EXACT_TERMINAL_SQL,
     JOB_STATES_SQL,
     LOAD_WORKER_SCRIPT,
     RING_SAMPLE_SQL,
@@ -164,7 +165,9 @@ async def settle(dsn: str, timeout: float = 120) -> dict[str, int]:
             states = {row["state"]: row["n"] for row in await conn.fetch(JOB_STATES_SQL, QUEUE)}
             pending = sum(states.get(s, 0) for s in ("available", "running", "scheduled", "retryable"))
             if not pending or time.monotonic() > deadline:
-                return {"states": states, "counts": await queue_counts(dsn)}
+                counts = await queue_counts(dsn)
+                counts["terminal_exact"] = int(await conn.fetchval(EXACT_TERMINAL_SQL, QUEUE))
+                return {"states": states, "counts": counts}
             await asyncio.sleep(0.5)
     finally:
         await conn.close()
@@ -226,7 +229,7 @@ def report(results: list[dict], rate: int, seconds: float) -> None:
     print("| most done rows seen | " + " | ".join(str(max(r["samples"].done_rows, default=0)) for r in results) + " |")
     for r in results:
         states, counts = r["states"], r["counts"]
-        lost = r["ok"] + r["boom"] - counts.get("completed", 0) - counts.get("failed", 0)
+        lost = r["ok"] + r["boom"] - counts.get("terminal_exact", 0)
         print(f"\n{r['leader']}: inserted {r['ok']} ok + {r['boom']} boom; states {states}; "
               f"counts {r['counts']}; not accounted for: {lost}")
 

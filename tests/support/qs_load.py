@@ -29,9 +29,19 @@ JOB_STATES_SQL = """
     GROUP BY 1
 """
 
-#: Exact counts (live counts plus pending terminal deltas), as awa-pg reports them.
-QUEUE_COUNTS_SQL = """
-    SELECT * FROM awa.queue_state_counts WHERE queue = $1
+#: Terminal jobs of a queue as upstream's exact count reads them: rollups of
+#: pruned slots + folded live counters + pending deltas + receipt completions
+#: not tombstoned. (awa-pg's ``completed_last_hour`` misses pruned completions.)
+EXACT_TERMINAL_SQL = """
+    SELECT COALESCE((SELECT sum(pruned_completed_count + pruned_failed_count)
+                     FROM awa.queue_terminal_rollups WHERE queue = $1), 0)
+         + COALESCE((SELECT sum(live_terminal_count)
+                     FROM awa.queue_terminal_live_counts WHERE queue = $1), 0)
+         + COALESCE((SELECT sum(terminal_delta)
+                     FROM awa.queue_terminal_count_deltas WHERE queue = $1), 0)
+         + COALESCE((SELECT sum(completed_count)
+                     FROM awa.receipt_completion_batches WHERE queue = $1), 0)
+         - (SELECT count(*) FROM awa.receipt_completion_tombstones WHERE queue = $1)
 """
 
 
