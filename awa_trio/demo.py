@@ -73,6 +73,24 @@ class Narrator:
             if before == now:
                 continue
             kind, state = row["kind"], row["state"]
+            # On queue storage awa.jobs does not list a running fast-path
+            # attempt, so a rescued job may first be seen retryable, or come
+            # back as a new attempt. Nothing in the demo fails on its own.
+            rescued = (
+                (state == "retryable" and (before is None or before[0] != "retryable"))
+                or (before is None and row["attempt"] > 1)
+                or (
+                    before is not None
+                    and row["attempt"] > before[1]
+                    and before[0] not in ("retryable", "scheduled")
+                )
+            )
+            if rescued and row["id"] not in self.rescued:
+                self.rescued.add(row["id"])
+                say(
+                    f"rescue: {kind} job {row['id']}'s worker stopped heartbeating (it was killed); "
+                    f"the leader rescued it for another try ({row['last_error'] or 'stale heartbeat'})"
+                )
             if before is None:
                 if row["cron_name"]:
                     self.cron_fires += 1
@@ -86,20 +104,14 @@ class Narrator:
                         f"{kind} job {row['id']} is scheduled for "
                         f"{row['run_at'].astimezone().strftime('%H:%M:%S')}"
                     )
-                continue
-            if before[0] in ("scheduled", "retryable") and state in ("available", "running", "completed"):
+                if state != "completed":
+                    continue
+            if (
+                before is not None
+                and before[0] in ("scheduled", "retryable")
+                and state in ("available", "running", "completed")
+            ):
                 say(f"promotion: {kind} job {row['id']} came due; the leader made it available to workers")
-            # On queue storage awa.jobs does not list a running fast-path
-            # attempt, so a rescue shows as retryable, or as a new attempt.
-            rescued = (state == "retryable" and before[0] != "retryable") or (
-                row["attempt"] > before[1] and before[0] not in ("retryable", "scheduled")
-            )
-            if rescued and row["id"] not in self.rescued:
-                self.rescued.add(row["id"])
-                say(
-                    f"rescue: {kind} job {row['id']}'s worker stopped heartbeating (it was killed); "
-                    f"the leader rescued it for another try ({row['last_error'] or 'stale heartbeat'})"
-                )
             if state == "completed":
                 if row["attempt"] > 1:
                     say(
