@@ -1,9 +1,10 @@
-"""recompute_dirty_admin_metadata and refresh_admin_metadata on a real awa 0.6.1 schema."""
+"""recompute_dirty_admin_metadata and refresh_admin_metadata on a real awa schema (39 or 40)."""
 
 from __future__ import annotations
 
 from conftest import in_thread
 from support.contexts import make_context
+from support.helpers import dirty_admin_keys
 
 from awa_trio.branches import admin_metadata
 
@@ -27,10 +28,7 @@ async def kind_counts(db) -> dict[str, int]:
     return {r["kind"]: r["ref_count"] for r in rows}
 
 
-async def dirty_keys(db) -> tuple[set[str], set[str]]:
-    queues = {r["queue"] for r in await db.fetch("SELECT queue FROM awa.admin_dirty_queues")}
-    kinds = {r["kind"] for r in await db.fetch("SELECT kind FROM awa.admin_dirty_kinds")}
-    return queues, kinds
+dirty_keys = dirty_admin_keys
 
 
 async def test_recompute_drains_dirty_keys_into_the_cache(db, awa_client):

@@ -14,7 +14,7 @@ import pytest
 import trio
 from conftest import in_thread
 from support.contexts import make_context
-from support.helpers import advisory_lock_holders
+from support.helpers import advisory_lock_holders, dirty_admin_keys, dirty_admin_tables
 
 from awa_trio.branches import batch_operations
 from awa_trio.branches.batch_operations import RUNNER_LOCK_KEY, run_once
@@ -162,7 +162,8 @@ async def test_move_queue_stamps_originals_wakes_the_new_queue_and_marks_admin_c
     moved_scheduled = await insert_job(awa_client, "old", priority=3, scheduled=True)
     previously_moved = await insert_job(awa_client, "old", metadata={ORIGINAL_QUEUE: "first"})
     stays = await insert_job(awa_client, "keep", priority=2)
-    await db.execute("DELETE FROM awa.admin_dirty_queues")
+    dirty_queues_table, _ = await dirty_admin_tables(db)
+    await db.execute(f"DELETE FROM {dirty_queues_table}")
     op = await in_thread(awa_client.move_queue, "new", priority=4, filter={"queue": "old"})
 
     ready = threading.Event()
@@ -192,7 +193,7 @@ async def test_move_queue_stamps_originals_wakes_the_new_queue_and_marks_admin_c
     assert (await job_row(db, stays))["queue"] == "keep"
     # Workers of the new queue are woken; admin counts of both queues are redone.
     assert notified and set(notified) == {"awa:new"}
-    dirty = {row["queue"] for row in await db.fetch("SELECT queue FROM awa.admin_dirty_queues")}
+    dirty, _ = await dirty_admin_keys(db)
     assert dirty == {"old", "new"}
 
     # Without a priority, only the queue changes and only the queue is stamped.

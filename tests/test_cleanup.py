@@ -93,7 +93,7 @@ async def test_with_its_budget_spent_each_retention_pass_takes_one_batch_per_tic
     ctx = await make_context(
         db,
         cleanup_batch_size=2,
-        drain_time_budget="1ms",
+        drain_time_budget="0.001ms",
         queue_retention_overrides={"fast": RetentionPolicy(completed="1h", failed="1h")},
     )
     await insert_finished(db, "default", "completed", 30, 3)
@@ -290,7 +290,7 @@ async def test_expired_batch_operations_are_deleted_1000_per_batch_oldest_first(
     # retention_until falls as g grows: the latest one is the first row inserted,
     # so a pass that ignored retention order would delete it first.
     latest = rows[0]["id"]
-    one_batch_per_tick = await make_context(db, drain_time_budget="1ms")
+    one_batch_per_tick = await make_context(db, drain_time_budget="0.001ms")
 
     first = await cleanup.run_once(one_batch_per_tick)
     assert first.batch_operations_deleted == 1000

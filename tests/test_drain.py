@@ -35,8 +35,9 @@ BATCH = 50
 #: More than ten batches, and not a multiple of the batch size.
 BACKLOG = 12 * BATCH + 20
 GENEROUS = "60s"
-#: Spent as soon as a batch has run: every tick takes exactly one batch per step.
-TINY = "1ms"
+#: Spent as soon as a batch has run (no round trip takes a microsecond): every
+#: tick takes exactly one batch per step, however fast the server answers.
+TINY = "0.001ms"
 
 # -- arranging backlogs in bulk ------------------------------------------------
 

@@ -82,7 +82,7 @@ async def test_with_its_budget_spent_a_pass_ages_one_batch_per_level(db):
         """
     )
 
-    result = await priority_aging.run_once(await make_context(db, drain_time_budget="1ms"))
+    result = await priority_aging.run_once(await make_context(db, drain_time_budget="0.001ms"))
 
     assert result.aged == 1000 and not result.drained
     rows = await db.fetch(

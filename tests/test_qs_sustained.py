@@ -130,8 +130,10 @@ async def test_sustained_load_rotates_prunes_and_loses_nothing(
             process.terminate()
         service.stop()
 
+    # About 60 ticks of the queue and claim rings in the load window; busy
+    # slots skip some (more on a loaded machine), but every ring keeps moving.
     for ring in RINGS:
-        assert samples.rotations(ring) > 10, (ring, samples.rotations(ring))
+        assert samples.rotations(ring) >= 5, (ring, samples.rotations(ring))
     assert rings_pruned == set(RINGS)
     # Done rows hold the failed jobs (kept for failed_retention) and at most
     # a few laps of completions: nothing grows with the number completed.

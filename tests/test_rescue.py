@@ -179,7 +179,7 @@ BATCH = 50
 
 async def one_batch_per_tick(db) -> MaintenanceContext:
     """A tick whose budget is spent after its first batch."""
-    return await make_context(db, rescue_batch_size=BATCH, drain_time_budget="1ms")
+    return await make_context(db, rescue_batch_size=BATCH, drain_time_budget="0.001ms")
 
 
 async def test_with_its_budget_spent_a_heartbeat_rescue_takes_one_batch_per_tick(db):

@@ -27,6 +27,23 @@ async def leader_lock_holders(db) -> list[int]:
     return await advisory_lock_holders(db, LOCK_KEY)
 
 
+async def dirty_admin_tables(db) -> tuple[str, str]:
+    """The tables where triggers mark queues and kinds whose admin counts are
+    stale: schema 40 (awa-pg 0.6.2+) appends marks to ``*_marks`` tables,
+    schema 39 upserts into ``admin_dirty_queues`` / ``admin_dirty_kinds``."""
+    if await db.fetchval("SELECT to_regclass('awa.admin_dirty_queue_marks') IS NOT NULL"):
+        return "awa.admin_dirty_queue_marks", "awa.admin_dirty_kind_marks"
+    return "awa.admin_dirty_queues", "awa.admin_dirty_kinds"
+
+
+async def dirty_admin_keys(db) -> tuple[set[str], set[str]]:
+    """Queues and kinds marked dirty and not yet recomputed."""
+    queues_table, kinds_table = await dirty_admin_tables(db)
+    queues = {r["queue"] for r in await db.fetch(f"SELECT queue FROM {queues_table}")}
+    kinds = {r["kind"] for r in await db.fetch(f"SELECT kind FROM {kinds_table}")}
+    return queues, kinds
+
+
 def metric_points(reader, name: str) -> list[tuple[dict, object]]:
     """(attributes, point) pairs of one metric from an InMemoryMetricReader."""
     data = reader.get_metrics_data()
