@@ -429,3 +429,97 @@ async def test_a_leader_handles_every_bad_row_and_keeps_every_branch_running(
     assert errors and all(any(f"job {job_id}" in m for job_id in poisoned.values()) for m in errors)
     branch_errors = metric_points(metric_reader, "awa_trio.branch.errors")
     assert sum(point.value for _, point in branch_errors) == 0
+
+
+# -- cron rows -------------------------------------------------------------------
+
+CRON_JOBS_OF_SQL = """
+    SELECT metadata ->> 'cron_name' AS name, count(DISTINCT metadata ->> 'cron_fire_time') AS fires
+    FROM awa.jobs WHERE metadata ? 'cron_name' GROUP BY 1
+"""
+
+
+async def test_postgres_refuses_an_unknown_cron_policy(db):
+    with pytest.raises(QueryError) as refused:
+        await db.execute("INSERT INTO awa.cron_jobs (name, cron_expr, kind, missed_fire_policy) "
+                         "VALUES ('p', '* * * * *', 'k', 'sometimes')")
+    assert refused.value.sqlstate == "23514"
+
+
+async def test_bad_cron_rows_are_logged_once_and_skipped_while_good_ones_keep_firing(
+    database_url, db, caplog
+):
+    """Rows a buggy writer (or an older table, without the policy CHECK)
+    could hold, evaluated by a leader every 0.2 s for a few seconds: each
+    bad row gets one ERROR line (the passes after it are DEBUG), its mark
+    never moves, and the good schedules beside it fire every second."""
+    caplog.set_level(logging.DEBUG, logger="awa_trio.cron.branches")
+    await db.execute("ALTER TABLE awa.cron_jobs DROP CONSTRAINT cron_jobs_missed_fire_policy_check")
+    rows = {
+        "a_bad_expr": {"cron_expr": "'61 * * * *'"},
+        "b_bad_zone": {"timezone": "'Mars/Olympus'"},
+        "c_bad_policy": {"missed_fire_policy": "'sometimes'"},
+        "d_null_metadata": {"metadata": "'null'"},
+        "e_array_metadata": {"metadata": "'[1, 2]'"},
+        "f_bad_priority": {"priority": "9"},
+        "g_too_many_tags": {"tags": "(SELECT array_agg('t' || n) FROM generate_series(1, 21) AS n)"},
+        "h_long_kind": {"kind": "repeat('k', 201)"},
+        "i_long_queue": {"queue": f"'{LONG_QUEUE}'"},
+        "j_null_args": {"args": "'null'"},
+        "z_good": {},
+    }
+    bad = {"a_bad_expr": "invalid cron expression", "b_bad_zone": "unknown timezone",
+           "c_bad_policy": "invalid missed fire policy", "d_null_metadata": "must be a JSON object",
+           "e_array_metadata": "must be a JSON object", "f_bad_priority": "priority must be between",
+           "g_too_many_tags": "at most 20 values", "h_long_kind": "kind length"}
+    for name, columns in rows.items():
+        values = {"cron_expr": "'* * * * * *'", "kind": "'tick'",
+                  "created_at": "now() - interval '1 hour'", **columns}
+        await db.execute(f"INSERT INTO awa.cron_jobs (name, {', '.join(values)}) "
+                         f"VALUES ('{name}', {', '.join(values.values())})")
+    service = MaintenanceService(
+        database_url, MaintenanceConfig(leader_election_interval=0.2, cron_eval_interval=0.2),
+        disabled_branches=["promote_scheduled"],
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        with trio.fail_after(10):
+            await service.wait_until_leader()
+            while (dict(await db.fetch(CRON_JOBS_OF_SQL)).get("z_good") or 0) < 3:
+                await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+
+    fired = dict(await db.fetch(CRON_JOBS_OF_SQL))
+    assert fired.keys() == {"i_long_queue", "j_null_args", "z_good"}
+    assert fired["i_long_queue"] >= 2
+    assert await db.fetchval("SELECT count(*) FROM awa.jobs WHERE args = 'null'::jsonb") >= 2
+    marks = dict(await db.fetch("SELECT name, last_enqueued_at FROM awa.cron_jobs"))
+    for name, reason in bad.items():
+        assert marks[name] is None, name
+        said = [r for r in caplog.records if f"{name!r}" in r.getMessage()]
+        errors = [r.getMessage() for r in said if r.levelno == logging.ERROR]
+        assert len(errors) == 1, (name, errors)
+        assert reason in errors[0], errors[0]
+        # Seen again at every later pass, quietly.
+        assert len([r for r in said if r.levelno == logging.DEBUG]) >= 2, name
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+async def test_a_cron_problem_is_said_again_after_the_row_was_fine(db, caplog):
+    from awa_trio.cron.branches import ProblemLog, evaluate_schedules
+
+    await db.execute("INSERT INTO awa.cron_jobs (name, cron_expr, kind, timezone, created_at) "
+                     "VALUES ('s', '0 3 * * *', 'k', 'Mars/Olympus', now())")
+    problems = ProblemLog()
+
+    def errors() -> int:
+        return len([r for r in caplog.records if r.levelno == logging.ERROR])
+
+    await evaluate_schedules(db, problems=problems)
+    await evaluate_schedules(db, problems=problems)
+    assert errors() == 1
+    await db.execute("UPDATE awa.cron_jobs SET timezone = 'UTC'")
+    assert (await evaluate_schedules(db, problems=problems)).invalid == []
+    await db.execute("UPDATE awa.cron_jobs SET timezone = 'Mars/Olympus'")
+    await evaluate_schedules(db, problems=problems)
+    assert errors() == 2
