@@ -198,6 +198,29 @@ async def test_promotion_moves_odd_payloads_unchanged_beside_good_jobs(db, awa_c
     assert problems(caplog) == []
 
 
+async def test_a_row_a_trigger_or_constraint_refuses_is_skipped_and_the_batch_promoted(
+    db, awa_client, caplog
+):
+    """A site's own CHECK on jobs_hot (or a trigger raising) refuses one
+    due row, which fails the whole batch statement: the batch goes row by
+    row, that row is logged and stays scheduled, the others are promoted."""
+    ctx = await make_context(db)
+    await db.execute("ALTER TABLE awa.jobs_hot ADD CONSTRAINT site_no_poison "
+                     "CHECK (args::text NOT LIKE '%poison%') NOT VALID")
+    poisoned = await insert_raw(db, "scheduled", args='{"poison": true}')
+    good = await insert_good(db, awa_client, "scheduled", count=5)
+
+    result = await promote.run_once(ctx)
+
+    assert result.promoted["scheduled"] == len(good)
+    assert result.skipped == [poisoned]
+    assert (await row(db, poisoned))["table_name"] == "awa.scheduled_jobs"
+    for job_id in good:
+        assert (await row(db, job_id))["state"] == "available"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and f"job {poisoned}" in errors[0] and "site_no_poison" in errors[0]
+
+
 # -- rescues ---------------------------------------------------------------------
 
 
