@@ -1,12 +1,12 @@
 """Bad rows on queue storage: NULL and odd payloads, malformed ``errors``,
 1 MB arguments and 200-character queue names through promotion, the
-heartbeat and deadline rescues, DLQ cleanup, queue stats and the status
+three rescues, DLQ cleanup, queue stats and the status
 command; each bad row is handled and the good jobs beside it too.
 
 Queue storage keeps metadata, tags, errors and progress in one nullable
 ``payload`` column (awa-pg's ``enqueue_many_copy`` writes NULL there); a bad
 payload is written with SQL into the row a job sits in, as a buggy writer
-could. (Callback timeouts on queue storage are not covered here.)
+could.
 """
 
 from __future__ import annotations
@@ -24,11 +24,18 @@ from support.contexts import make_context
 from support.helpers import metric_points
 from support.qs_dlq import add_bulk_dlq_rows, dlq_ids
 from support.qs_jobs import insert_scheduled, make_due
-from support.qs_rescue import age_claims, claim, expire_deadlines, insert_jobs
+from support.qs_rescue import age_claims, claim, expire_deadlines, insert_jobs, materialise
 
 from awa_trio.db import QueryError
 from awa_trio.metrics import QUEUE_DEPTH
-from awa_trio.queue_storage import cleanup, promote, queue_stats, rescue_deadlines, rescue_heartbeats
+from awa_trio.queue_storage import (
+    cleanup,
+    promote,
+    queue_stats,
+    rescue_callbacks,
+    rescue_deadlines,
+    rescue_heartbeats,
+)
 
 LONG_QUEUE = "q" * 200
 ONE_MB_ARGS = json.dumps({"blob": "x" * 1_000_000})
@@ -122,12 +129,13 @@ async def test_promotion_moves_null_and_odd_payloads_beside_good_jobs(qs_ctx, qs
     assert problems(caplog) == []
 
 
-@pytest.mark.parametrize("kind", ["heartbeat", "deadline"])
+@pytest.mark.parametrize("kind", ["heartbeat", "deadline", "callback"])
 async def test_rescue_takes_odd_payloads_beside_good_jobs(
     qs_db, qs_awa_client, meter_provider, metric_reader, caplog, kind
 ):
     ctx = await make_context(qs_db, meter_provider=meter_provider, heartbeat_staleness=STALENESS)
-    module = rescue_heartbeats if kind == "heartbeat" else rescue_deadlines
+    module = {"heartbeat": rescue_heartbeats, "deadline": rescue_deadlines,
+              "callback": rescue_callbacks}[kind]
     good = await insert_jobs(qs_db, 3, queue="good")
     odd = await insert_jobs(qs_db, len(ODD_PAYLOADS), queue="odd")
     for job_id, payload in zip(odd, ODD_PAYLOADS, strict=True):
@@ -145,8 +153,14 @@ async def test_rescue_takes_odd_payloads_beside_good_jobs(
                                               "WHERE job_id = $1", job_id) for job_id in good + odd}
     if kind == "heartbeat":
         await age_claims(qs_db, STALENESS * 2)
-    else:
+    elif kind == "deadline":
         await expire_deadlines(qs_db, good + odd)
+    else:
+        # A worker registered a callback: its attempt is a lease row waiting_external.
+        await materialise(qs_db, good + odd)
+        await qs_db.execute(
+            "UPDATE awa.leases SET state = 'waiting_external', callback_id = gen_random_uuid(), "
+            "callback_timeout_at = clock_timestamp() - interval '1 second', heartbeat_at = NULL")
 
     result = await module.run_once(ctx)
 
