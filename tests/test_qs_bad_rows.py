@@ -24,8 +24,16 @@ from support.contexts import make_context
 from support.helpers import metric_points
 from support.qs_dlq import add_bulk_dlq_rows, dlq_ids
 from support.qs_jobs import insert_scheduled, make_due
-from support.qs_rescue import age_claims, claim, expire_deadlines, insert_jobs, materialise
+from support.qs_rescue import (
+    age_claims,
+    claim,
+    deferred_retryable,
+    expire_deadlines,
+    insert_jobs,
+    materialise,
+)
 
+from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.db import QueryError
 from awa_trio.metrics import QUEUE_DEPTH
 from awa_trio.queue_storage import (
@@ -249,3 +257,48 @@ async def test_a_200_character_queue_is_counted_and_reported_by_status(
     report = json.loads(result.stdout)
     assert report["due_not_promoted"]["scheduled"]["jobs"] == 2
     assert "cannot extract elements from a scalar" in report["rescue_backlog"]["error"]
+
+
+async def test_a_leader_on_queue_storage_handles_odd_rows_without_a_branch_error(
+    qs_database_url, qs_db, qs_awa_client, meter_provider, metric_reader, caplog
+):
+    """The odd rows under a running MaintenanceService: scheduled ones are
+    promoted, stale claims rescued (retryable, with backoff), and no branch
+    logs a traceback or counts an error."""
+    caplog.set_level(logging.INFO)
+    await insert_scheduled(qs_awa_client, 2, queue="nulls", null_payload=True)
+    await insert_scheduled(qs_awa_client, len(ODD_PAYLOADS), queue="odd")
+    await insert_scheduled(qs_awa_client, 2, queue=LONG_QUEUE)
+    odd = [r["job_id"] for r in await qs_db.fetch("SELECT job_id FROM awa.deferred_jobs WHERE queue = 'odd'")]
+    for job_id, payload in zip(odd, ODD_PAYLOADS, strict=True):
+        await qs_db.execute("UPDATE awa.deferred_jobs SET payload = $2::text::jsonb WHERE job_id = $1",
+                            job_id, payload)
+    await qs_db.execute("UPDATE awa.deferred_jobs SET args = $1::text::jsonb WHERE job_id = $2",
+                        ONE_MB_ARGS, odd[0])
+    await make_due(qs_db)
+    scheduled = await qs_db.fetchval("SELECT count(*) FROM awa.deferred_jobs")
+    stale = await insert_jobs(qs_db, 3, queue="stale")
+    await qs_db.execute("UPDATE awa.ready_entries SET payload = '{\"metadata\": [1], \"errors\": 1}' "
+                        "WHERE job_id = $1", stale[0])
+    await claim(qs_db, "stale", 3, deadline=300)
+    await age_claims(qs_db, STALENESS * 2)
+    config = MaintenanceConfig(
+        leader_election_interval=0.2, promote_interval=0.1, heartbeat_rescue_interval=0.2,
+        heartbeat_staleness=STALENESS,
+    )
+    service = MaintenanceService(qs_database_url, config, meter_provider=meter_provider)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        with trio.fail_after(15):
+            await service.wait_until_leader()
+            while await qs_db.fetchval("SELECT count(*) FROM awa.ready_entries WHERE queue <> 'stale'") < scheduled:
+                await trio.sleep(0.05)
+            while len(await deferred_retryable(qs_db, stale)) < len(stale):
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+
+    assert await qs_db.fetchval("SELECT count(*) FROM awa.deferred_jobs WHERE state = 'scheduled'") == 0
+    assert not [r for r in caplog.records if r.exc_info], "a branch logged a traceback"
+    assert problems(caplog) == []
+    assert sum(point.value for _, point in metric_points(metric_reader, "awa_trio.branch.errors")) == 0
