@@ -79,6 +79,18 @@ class UniqueViolation(QueryError):
     """SQLSTATE 23505: a unique constraint (or Awa's unique-claim check) refused a row."""
 
 
+#: SQLSTATE classes of a statement refused because of the rows it touched
+#: (data exceptions, integrity constraints, errors raised by triggers), as
+#: opposed to the statement, the session or a lock.
+_ROW_DATA_SQLSTATE_CLASSES = ("22", "23", "P0")
+
+
+def is_row_data_error(exc: DatabaseError) -> bool:
+    """Whether the statement failed because of some row's data: redone row
+    by row, the other rows would pass."""
+    return isinstance(exc, QueryError) and (exc.sqlstate or "")[:2] in _ROW_DATA_SQLSTATE_CLASSES
+
+
 def describe_error(exc: DatabaseError) -> str:
     """``[SQLSTATE] message`` for log lines (just the message without one)."""
     return f"[{exc.sqlstate}] {exc}" if exc.sqlstate else str(exc)

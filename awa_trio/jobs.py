@@ -83,8 +83,11 @@ class JobRow:
         if engine not in ENGINES:
             raise ValueError(f"unknown storage engine {engine!r}")
         values = {name: record[name] for name in JOB_COLUMNS}
-        values["errors"] = list(values["errors"] or [])
-        values["metadata"] = dict(values["metadata"] or {})
+        # A buggy writer can store any JSON here (null, a list, a number); the
+        # row in the database keeps it, hooks see an empty list or mapping.
+        errors, metadata = values["errors"], values["metadata"]
+        values["errors"] = list(errors) if isinstance(errors, list) else []
+        values["metadata"] = dict(metadata) if isinstance(metadata, Mapping) else {}
         values["tags"] = list(values["tags"] or [])
         return cls(**values, engine=engine)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from .config import MaintenanceConfig
 from .cron.fire_times import CronSchedule
-from .db import Database, open_database
+from .db import Database, QueryError, describe_error, open_database
 from .leadership import LOCK_KEY
 from .schema import check_schema
 
@@ -100,9 +100,15 @@ async def collect_status(db: Database, config: MaintenanceConfig | None = None) 
         row["state"]: {"jobs": row["jobs"], "oldest_seconds": row["oldest_seconds"]}
         for row in await db.fetch(due_sql)
     }
-    rescue = dict(
-        await db.fetchrow(RESCUE_BACKLOG_SQL.format(table=rescue_table), config.heartbeat_staleness)
-    )
+    try:
+        rescue: dict[str, Any] = dict(
+            await db.fetchrow(RESCUE_BACKLOG_SQL.format(table=rescue_table), config.heartbeat_staleness)
+        )
+    except QueryError as exc:
+        # On queue storage awa.jobs decodes every row's payload, and one
+        # payload it cannot read (tags that are not an array) fails the
+        # query: report that here and the rest as usual.
+        rescue = {"error": describe_error(exc)}
     now = dt.datetime.now(dt.UTC)
     return {
         "lock_holder": holder and _session(holder),
@@ -185,9 +191,12 @@ def format_status(report: dict[str, Any]) -> str:
         oldest = f"{due['oldest_seconds']:.1f}s" if due["oldest_seconds"] is not None else "-"
         lines.append(f"{'due ' + state + ', not promoted':<40}{due['jobs']:>10}  {oldest}")
     rescue = report["rescue_backlog"]
-    lines.append(f"{'running, heartbeat stale':<40}{rescue['stale_heartbeats']:>10}")
-    lines.append(f"{'running, past deadline':<40}{rescue['past_deadline']:>10}")
-    lines.append(f"{'waiting for callback, timed out':<40}{rescue['callbacks_timed_out']:>10}")
+    if "error" in rescue:
+        lines.append(f"{'rescue backlog':<40}unreadable: {rescue['error']}")
+    else:
+        lines.append(f"{'running, heartbeat stale':<40}{rescue['stale_heartbeats']:>10}")
+        lines.append(f"{'running, past deadline':<40}{rescue['past_deadline']:>10}")
+        lines.append(f"{'waiting for callback, timed out':<40}{rescue['callbacks_timed_out']:>10}")
     if report["cron"]:
         lines.append("")
         lines.append(f"{'cron schedule':<24}{'expression':<20}{'last fire':<28}next fire")

@@ -26,7 +26,7 @@ import logging
 import trio
 
 from ..context import MaintenanceContext
-from ..db import ConnectionLost, DatabaseError, UniqueViolation, describe_error
+from ..db import ConnectionLost, DatabaseError, QueryError, UniqueViolation, describe_error, is_row_data_error
 from ..hooks import JobCancelled
 from ..jobs import JOB_COLUMNS, JobRow
 from .unique_claims import holder_text, unique_claim_holder
@@ -46,6 +46,12 @@ DUPLICATE_ERROR = "cancelled as duplicate: came due while another job held its u
 # parameter it cannot prove the index applies. Everything that describes where
 # a job runs (heartbeat, deadline, callback) is cleared; attempt, run_lease,
 # errors and progress travel unchanged.
+#
+# run_at: awa.notify_new_job, which fires on jobs_hot for an available row
+# with run_at <= now(), NOTIFYs 'awa:<queue>'; a channel name longer than 63
+# bytes fails the whole statement (SQLSTATE 22023), and Awa allows queue
+# names of 200 characters. Jobs of such a queue get a run_at one microsecond
+# later, so the trigger (which could not notify them anyway) does not fire.
 _PROMOTE_DUE_SQL_TEMPLATE = """
     WITH due AS (
         DELETE FROM awa.scheduled_jobs
@@ -62,7 +68,9 @@ _PROMOTE_DUE_SQL_TEMPLATE = """
     INSERT INTO awa.jobs_hot ({columns})
     SELECT
         id, kind, queue, args, 'available', priority, attempt, max_attempts,
-        now(), NULL, NULL, attempted_at, finalized_at,
+        CASE WHEN octet_length('awa:' || queue) > 63 THEN now() + interval '1 microsecond'
+             ELSE now() END,
+        NULL, NULL, attempted_at, finalized_at,
         created_at, errors, metadata, tags, unique_key, unique_states,
         NULL, NULL, NULL,
         NULL, NULL, NULL,
@@ -154,18 +162,27 @@ async def run_once(ctx: MaintenanceContext) -> PromoteResult:
 
 
 async def promote_due_state(ctx: MaintenanceContext, state: str, result: PromoteResult) -> None:
-    """Up to PROMOTE_MAX_BATCHES_PER_TICK batches; stop at the first short one."""
+    """Up to PROMOTE_MAX_BATCHES_PER_TICK batches; stop at the first short one.
+    A batch refused over one row (a unique claim, a value a trigger rejects)
+    goes row by row, so only that row waits."""
     sql = PROMOTE_DUE_SQL[state]
     for _ in range(PROMOTE_MAX_BATCHES_PER_TICK):
         started = trio.current_time()
         try:
             rows = await ctx.db.fetch(sql, PROMOTE_BATCH_SIZE)
-        except UniqueViolation as exc:
+        except QueryError as exc:
+            if isinstance(exc, UniqueViolation):
+                problem = "hit a unique-claim conflict"
+            elif is_row_data_error(exc):
+                problem = "failed on a row's data"
+            else:
+                raise
             log.warning(
-                "%s: a batch of %s jobs hit a unique-claim conflict (%s); promoting row by row",
+                "%s: a batch of %s jobs %s (%s); promoting row by row",
                 NAME,
                 state,
-                exc,
+                problem,
+                describe_error(exc),
             )
             await promote_row_by_row(ctx, state, result)
             # What is left is due again next tick, batched once more.

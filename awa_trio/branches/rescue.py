@@ -48,7 +48,7 @@ from typing import Any
 
 from ..config import DEFAULT_RESCUE_BATCH_SIZE
 from ..context import MaintenanceContext
-from ..db import ConnectionLost, DatabaseError, UniqueViolation
+from ..db import ConnectionLost, DatabaseError, QueryError, UniqueViolation, describe_error, is_row_data_error
 from ..drain import BatchOutcome, DrainBudget, drain
 from ..hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
 from ..jobs import JOB_COLUMNS, JobRow
@@ -289,14 +289,20 @@ async def rescue_batch(
     batch_size: int,
 ) -> BatchOutcome | None:
     """One batched rescue statement into ``part``; on a unique-claim conflict
-    the same batch row by row. None: stop draining this tick."""
+    or a row whose data fails the statement (an ``errors`` array that
+    cannot be appended to), the same batch row by row, so that row alone
+    is skipped. None: stop draining this tick."""
     try:
         records = await ctx.db.fetch(sweep.batch_sql, *params, batch_size)
-    except UniqueViolation as exc:
+    except QueryError as exc:
+        if isinstance(exc, UniqueViolation):
+            problem = "hit a unique-claim conflict"
+        elif is_row_data_error(exc):
+            problem = "failed on a row's data"
+        else:
+            raise
         log.warning(
-            "%s: batched rescue hit a unique-claim conflict (%s); retrying row by row",
-            sweep.name,
-            exc,
+            "%s: batched rescue %s (%s); retrying row by row", sweep.name, problem, describe_error(exc)
         )
         part.row_by_row = True
         visited = await rescue_row_by_row(ctx, sweep, params, part, limit=batch_size)

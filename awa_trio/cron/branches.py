@@ -11,8 +11,10 @@ and enqueues them oldest first, each with the compare-and-set of
 :data:`~awa_trio.cron.store.ATOMIC_ENQUEUE_SQL` chained on the previous
 fire. A missed compare-and-set (another leader got there, or the schedule was
 paused meanwhile) or an error stops that schedule for this pass; the others
-carry on. A row whose expression, zone or policy we cannot read is logged
-and skipped, every pass, until someone fixes or deletes it.
+carry on. A row whose expression, zone, policy or metadata we cannot use
+is skipped every pass until someone fixes or deletes it, and logged once
+(an ERROR line when the problem first appears, DEBUG while it stands); so is
+a fire that ``awa.insert_job_compat`` refuses for the row's values.
 
 Unlike upstream, the pass is evaluated against the database clock (the clock
 that wrote ``created_at``), so a leader with a skewed clock fires on time.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from datetime import datetime
 
 import trio
@@ -29,7 +32,7 @@ import trio
 from ..branch import BranchSpec
 from ..config import MaintenanceConfig
 from ..context import MaintenanceContext
-from ..db import Database, DatabaseError
+from ..db import Database, DatabaseError, describe_error, is_row_data_error
 from .expressions import CronExpressionError
 from .fire_times import (
     CATCH_UP_LIMIT,
@@ -97,15 +100,48 @@ async def sync_periodic_jobs(ctx: MaintenanceContext) -> CronSyncResult:
     return result
 
 
+class ProblemLog:
+    """Says each schedule's problem once: an ERROR line on the first pass
+    that meets it, DEBUG while the same problem stands. A schedule that is
+    fine again (or gone) is forgotten, so a new breakage is said again. A
+    bad row evaluated every second would otherwise log 86,400 lines a day."""
+
+    def __init__(self) -> None:
+        self._said: dict[str, str] = {}
+        self._seen: set[str] = set()
+
+    def report(self, name: str, problem: str, message: str, *args: object) -> None:
+        self._seen.add(name)
+        level = logging.DEBUG if self._said.get(name) == problem else logging.ERROR
+        self._said[name] = problem
+        log.log(level, message, *args)
+
+    def end_pass(self) -> None:
+        for name in self._said.keys() - self._seen:
+            del self._said[name]
+        self._seen = set()
+
+
+#: The branch's problem log, one per database (that is, per service).
+_PROBLEM_LOGS: weakref.WeakKeyDictionary[Database, ProblemLog] = weakref.WeakKeyDictionary()
+
+
 async def evaluate_cron_schedules(ctx: MaintenanceContext) -> CronEvalResult:
-    return await evaluate_schedules(ctx.db)
+    problems = _PROBLEM_LOGS.setdefault(ctx.db, ProblemLog())
+    return await evaluate_schedules(ctx.db, problems=problems)
 
 
 async def evaluate_schedules(
-    db: Database, *, now: datetime | None = None, limit: int = CATCH_UP_LIMIT
+    db: Database,
+    *,
+    now: datetime | None = None,
+    limit: int = CATCH_UP_LIMIT,
+    problems: ProblemLog | None = None,
 ) -> CronEvalResult:
-    """One pass over every schedule. ``now`` defaults to the database clock."""
+    """One pass over every schedule. ``now`` defaults to the database clock;
+    without ``problems`` (the log of earlier passes) every problem is logged."""
     result = CronEvalResult()
+    problems = problems or ProblemLog()
     evaluated_at, rows = await list_cron_jobs(db)
     now = now or evaluated_at
     result.schedules = len(rows)
@@ -115,7 +151,7 @@ async def evaluate_schedules(
             result.paused += 1
             log.debug("%s: schedule %r is paused", CRON_EVAL, row.name)
             continue
-        fires = _due_fires(row, now, limit, result)
+        fires = _due_fires(row, now, limit, result, problems)
         if not fires:
             continue
         if len(fires) >= limit:
@@ -127,11 +163,14 @@ async def evaluate_schedules(
                 row.name,
                 limit,
             )
-        await _enqueue_in_order(db, row, fires, result)
+        await _enqueue_in_order(db, row, fires, result, problems)
+    problems.end_pass()
     return result
 
 
-def _due_fires(row: CronJobRow, now: datetime, limit: int, result: CronEvalResult) -> list[datetime]:
+def _due_fires(
+    row: CronJobRow, now: datetime, limit: int, result: CronEvalResult, problems: ProblemLog
+) -> list[datetime]:
     try:
         schedule = CronSchedule.parse(row.cron_expr, row.timezone)
         policy = parse_policy(row.missed_fire_policy)
@@ -140,29 +179,34 @@ def _due_fires(row: CronJobRow, now: datetime, limit: int, result: CronEvalResul
     except (UnknownTimezoneError, InvalidPolicyError) as exc:
         problem = str(exc)
     else:
-        try:
-            return compute_fire_times(
-                schedule,
-                policy=policy,
-                created_at=row.created_at,
-                last_enqueued_at=row.last_enqueued_at,
-                now=now,
-                limit=limit,
-            )
-        except (TypeError, ValueError, OverflowError) as exc:
-            # Marks no clock reaches: 'infinity' (which the driver cannot
-            # compare), year 1 or 9999 (out of datetime's range when stepped).
-            problem = (
-                f"cannot compute fire times from created_at {row.created_at!r} and "
-                f"last_enqueued_at {row.last_enqueued_at!r}: {exc}"
-            )
+        if not isinstance(row.metadata, dict):
+            # The fire merges cron_name into it with ||, which would make
+            # the job's metadata a JSON array instead.
+            problem = f"metadata must be a JSON object, not {type(row.metadata).__name__}"
+        else:
+            try:
+                return compute_fire_times(
+                    schedule,
+                    policy=policy,
+                    created_at=row.created_at,
+                    last_enqueued_at=row.last_enqueued_at,
+                    now=now,
+                    limit=limit,
+                )
+            except (TypeError, ValueError, OverflowError) as exc:
+                # Marks no clock reaches: 'infinity' (which the driver cannot
+                # compare), year 1 or 9999 (out of datetime's range when stepped).
+                problem = (
+                    f"cannot compute fire times from created_at {row.created_at!r} and "
+                    f"last_enqueued_at {row.last_enqueued_at!r}: {exc}"
+                )
     result.invalid.append(row.name)
-    log.error("%s: skipping schedule %r: %s", CRON_EVAL, row.name, problem)
+    problems.report(row.name, problem, "%s: skipping schedule %r: %s", CRON_EVAL, row.name, problem)
     return []
 
 
 async def _enqueue_in_order(
-    db: Database, row: CronJobRow, fires: list[datetime], result: CronEvalResult
+    db: Database, row: CronJobRow, fires: list[datetime], result: CronEvalResult, problems: ProblemLog
 ) -> None:
     previous = row.last_enqueued_at
     for fire in fires:
@@ -170,13 +214,14 @@ async def _enqueue_in_order(
             job_id = await atomic_enqueue(db, row.name, fire, previous)
         except DatabaseError as exc:
             result.failed.append(row.name)
-            log.error(
-                "%s: failed to enqueue periodic job %r for fire time %s: %s",
-                CRON_EVAL,
-                row.name,
-                format_fire_time(fire),
-                exc,
-            )
+            message = "%s: failed to enqueue periodic job %r for fire time %s: %s"
+            arguments = (CRON_EVAL, row.name, format_fire_time(fire), exc)
+            if is_row_data_error(exc):
+                # The row's own values (a priority out of range, too many tags):
+                # the same refusal every pass until someone fixes the row.
+                problems.report(row.name, describe_error(exc), message, *arguments)
+            else:
+                log.error(message, *arguments)
             return
         if job_id is None:
             result.claimed_elsewhere.append(row.name)
