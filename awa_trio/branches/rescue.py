@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ..config import DEFAULT_RESCUE_BATCH_SIZE
 from ..context import MaintenanceContext
@@ -441,11 +441,27 @@ async def _apply_side_effects(
     result.events_dropped = hooks.publish(events)
 
 
+class RescueKind(Protocol):
+    """What the follow-up step needs of a rescue (either engine's)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def reason(self) -> RescueReason: ...
+
+
+class FollowUpCounts(Protocol):
+    follow_ups_inserted: int
+    follow_up_failures: int
+
+
 async def insert_follow_ups(
-    ctx: MaintenanceContext, sweep: RescueSweep, hooks: Hooks, job: JobRow, result: RescueResult
+    ctx: MaintenanceContext, sweep: RescueKind, hooks: Hooks, job: JobRow, result: FollowUpCounts
 ) -> None:
-    """All follow-ups of one rescued job in one transaction; failures are logged
-    and the rescue stands."""
+    """All follow-ups of one rescued job in one transaction, after the rescue
+    committed (through ``awa.insert_job_compat``, so they land on whichever
+    engine is live); a failure is logged and the rescue stands. Shared by the
+    queue-storage rescues."""
     if not hooks.has_follow_ups(job.kind):
         return
     try:
@@ -453,7 +469,7 @@ async def insert_follow_ups(
     except Exception:
         # Application code: whatever it raises must not undo or stop the sweep.
         log.exception(
-            "%s: follow-up factory for %s job %d failed; the rescue stands", sweep.name, job.kind, job.id
+            "%s: follow-up factory for %s job %s failed; the rescue stands", sweep.name, job.kind, job.label
         )
         result.follow_up_failures += 1
         return
@@ -466,17 +482,17 @@ async def insert_follow_ups(
     except Exception as exc:
         # DatabaseError, or application data the driver cannot encode.
         log.error(
-            "%s: inserting %d follow-up jobs for %s job %d failed, none inserted; the rescue stands: %s",
+            "%s: inserting %d follow-up jobs for %s job %s failed, none inserted; the rescue stands: %s",
             sweep.name,
             len(follow_ups),
             job.kind,
-            job.id,
+            job.label,
             exc,
         )
         result.follow_up_failures += 1
         return
     result.follow_ups_inserted += len(follow_ups)
-    log.info("%s: inserted %d follow-up jobs for %s job %d", sweep.name, len(follow_ups), job.kind, job.id)
+    log.info("%s: inserted %d follow-up jobs for %s job %s", sweep.name, len(follow_ups), job.kind, job.label)
 
 
 def follow_up_arguments(follow_up: FollowUpJob) -> tuple[Any, ...]:

@@ -67,7 +67,7 @@ from typing import Any
 
 import trio
 
-from ..branches.rescue import DEFAULT_DUPLICATE_REASON, INSERT_FOLLOW_UP_SQL, follow_up_arguments
+from ..branches.rescue import DEFAULT_DUPLICATE_REASON, insert_follow_ups
 from ..context import MaintenanceContext
 from ..db import Connection, ConnectionLost, QueryError, UniqueViolation, describe_error
 from ..hooks import Hooks, JobCancelled, JobRescued, RescueReason
@@ -888,51 +888,6 @@ async def apply_side_effects(
     ]
     events += [JobRescued(job, rescue.reason) for job in rescued]
     result.events_dropped += hooks.publish(events)
-
-
-async def insert_follow_ups(
-    ctx: MaintenanceContext,
-    rescue: QueueStorageRescue,
-    hooks: Hooks,
-    job: JobRow,
-    result: QueueStorageRescueResult,
-) -> None:
-    """All follow-ups of one rescued job in one transaction, after the rescue
-    committed (through ``awa.insert_job_compat``, so they land on whichever
-    engine is live); a failure is logged and the rescue stands."""
-    if not hooks.has_follow_ups(job.kind):
-        return
-    try:
-        follow_ups = hooks.follow_ups_for(job, rescue.reason)
-    except Exception:
-        # Application code: whatever it raises must not undo or stop the sweep.
-        log.exception(
-            "%s: follow-up factory for %s job %s failed; the rescue stands", rescue.name, job.kind, job.label
-        )
-        result.follow_up_failures += 1
-        return
-    if not follow_ups:
-        return
-    try:
-        async with ctx.db.transaction() as conn:
-            for follow_up in follow_ups:
-                await conn.fetchval(INSERT_FOLLOW_UP_SQL, *follow_up_arguments(follow_up))
-    except Exception as exc:
-        # DatabaseError, or application data the driver cannot encode.
-        log.error(
-            "%s: inserting %d follow-up jobs for %s job %s failed, none inserted; the rescue stands: %s",
-            rescue.name,
-            len(follow_ups),
-            job.kind,
-            job.label,
-            exc,
-        )
-        result.follow_up_failures += 1
-        return
-    result.follow_ups_inserted += len(follow_ups)
-    log.info(
-        "%s: inserted %d follow-up jobs for %s job %s", rescue.name, len(follow_ups), job.kind, job.label
-    )
 
 
 def _describe(exc: BaseException) -> str:
