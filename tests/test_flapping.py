@@ -43,7 +43,10 @@ log = logging.getLogger(__name__)
 
 async def test_flapping_leadership_keeps_one_leader_cron_exact_and_every_job_promoted_once(
         database_url, awa_client):
-    members = [awa_trio_candidate(f"awa_trio {n}", database_url) for n in (1, 2, 3)]
+    # Evaluated every 250 ms, a takeover that straddles a second boundary still
+    # fires that second (coalesce keeps only the latest due fire).
+    members = [awa_trio_candidate(f"awa_trio {n}", database_url, "--cron-eval-interval", "0.25")
+               for n in (1, 2, 3)]
     members.append(awa_pg_candidate("awa-pg candidate", database_url))
     consumer = awa_pg_consumer("awa-pg consumer", database_url, KIND, QUEUE)
     inserted: list[int] = []

@@ -117,10 +117,11 @@ class ManagedProcess:
             self.unexpected_exits.append(f"{self.label} exited {code}: {self.lines[-5:]}")
 
 
-def awa_trio_candidate(label: str, database_url: str, *flags: str) -> ManagedProcess:
-    argv = [sys.executable, "-m", "awa_trio", "--database-url", database_url, "--log-level", "INFO",
-            "--periodic-job", f"{CRON_NAME}={CRON_EXPR};kind={CRON_NAME};queue={CRON_QUEUE}", *flags]
-    return ManagedProcess(label, argv)
+def awa_trio_candidate(label: str, database_url: str, *flags: str, with_cron: bool = True) -> ManagedProcess:
+    argv = [sys.executable, "-m", "awa_trio", "--database-url", database_url, "--log-level", "INFO"]
+    if with_cron:
+        argv += ["--periodic-job", f"{CRON_NAME}={CRON_EXPR};kind={CRON_NAME};queue={CRON_QUEUE}"]
+    return ManagedProcess(label, [*argv, *flags])
 
 
 def awa_pg_candidate(label: str, database_url: str, election_interval_ms: int = 500,
@@ -326,6 +327,21 @@ FIRES_BETWEEN_SQL = """
       AND (metadata->>'cron_fire_time')::timestamptz BETWEEN $2 AND $3
 """
 SECONDS_BETWEEN_SQL = "SELECT (extract(epoch FROM date_trunc('second', $2::timestamptz)) - extract(epoch FROM date_trunc('second', $1::timestamptz + interval '999999 microseconds')))::int + 1"
+
+
+MISSING_FIRES_SQL = """
+    SELECT expected.at
+    FROM generate_series(date_trunc('second', $2::timestamptz + interval '999999 microseconds'),
+                         date_trunc('second', $3::timestamptz), interval '1 second') AS expected(at)
+    WHERE NOT EXISTS (SELECT 1 FROM awa.jobs WHERE metadata->>'cron_name' = $1
+                      AND (metadata->>'cron_fire_time')::timestamptz = expected.at)
+    ORDER BY 1
+"""
+
+
+async def missing_fires(admin, since, until, name: str = CRON_NAME) -> list:
+    """The per-second fire times between two server times that nobody enqueued."""
+    return [row["at"] for row in await admin.fetch(MISSING_FIRES_SQL, name, since, until)]
 
 
 async def duplicate_fires(admin) -> list:
