@@ -103,6 +103,9 @@ async def test_flapping_leadership_keeps_one_leader_cron_exact_and_every_job_pro
     assert len(events) >= 6, "the leader was deposed every few seconds"
     assert {e.action for e in events} == {"terminate", "sigkill"}
     assert unexpected == [], "a process exited on its own"
+    troubled = [line for member in members if not member.is_upstream for line in member.lines
+                if "Traceback" in line or "crashed" in line or "giving up leadership" in line]
+    assert troubled == [], "an awa_trio process crashed or gave up"
     assert len(timeline.samples) >= 200  # the sampler ran throughout (fewer than 20 Hz on a loaded machine)
     assert timeline.doubles == [], "two granted locks for the key at one instant"
     assert duplicates == [], "a cron fire was enqueued twice"
