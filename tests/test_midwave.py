@@ -1,6 +1,8 @@
 """SIGKILL of the leader mid-wave: 2,000 scheduled jobs come due at once
 while two awa-pg 0.6.1 workers consume them; the awa_trio leader is killed
-as promotion begins and an awa_trio follower takes over. Every job completes
+the moment the first promoted rows show (2,000 jobs are one promotion batch,
+so the kill lands while the workers drain the wave) and an awa_trio
+follower takes over. Every job completes
 exactly once, at attempt 1, and none is left in any other state. The 20,000-
 job version beside upstream's leaders is bench/bench_midwave.py."""
 
