@@ -149,6 +149,11 @@ async def run(server: str, seconds: float, period: tuple[float, float], seed: in
     print(f"flapping for {seconds:.0f} s, an event every {period[0]:g}-{period[1]:g} s (seed {seed}); "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print("events: " + ", ".join(f"{n} {action} of {who}" for (action, who), n in sorted(by_kind.items())))
+    successors: dict[str, int] = {}
+    for event in events:
+        successor = "awa-pg" if event.successor.startswith("awa-pg") else event.successor.split(" ")[0]
+        successors[successor] = successors.get(successor, 0) + 1
+    print("the lock went to: " + ", ".join(f"{who} {n} times" for who, n in sorted(successors.items())))
     print()
     print("| time without a leader | episodes | median | p95 | longest |")
     print("| --- | --- | --- | --- | --- |")
@@ -170,7 +175,8 @@ async def run(server: str, seconds: float, period: tuple[float, float], seed: in
         print("missed fires at (s into the run): "
               + ", ".join(f"{(at - since).total_seconds():.1f}" for at in missing))
         print("events at (s into the run): " + ", ".join(
-            f"{event.at - began:.2f} {event.action} {event.victim} ({event.recovery:.3f} s)" for event in events))
+            f"{event.at - began:.2f} {event.action} {event.victim} ({event.recovery:.3f} s, to {event.successor})"
+            for event in events))
     for duplicate in duplicates[:10]:
         print("duplicate:", dict(duplicate))
 

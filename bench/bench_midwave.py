@@ -62,8 +62,7 @@ async def one_wave(server: str, template: str, leaders: str, jobs: int, kill_aft
     client = awa.Client(dsn)
     try:
         async with open_database(dsn, pool_size=2, application_name="bench admin") as admin:
-            return await run_wave(admin, client, dsn, leaders=leaders, jobs=jobs, kill_after=kill_after,
-                                  due_in=max(3.0, jobs / 5_000))
+            return await run_wave(admin, client, dsn, leaders=leaders, jobs=jobs, kill_after=kill_after)
     finally:
         del client
         gc.collect()

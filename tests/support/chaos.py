@@ -258,6 +258,7 @@ class ChaosEvent:
     action: str  # "terminate" (the lock backend) or "sigkill" (the leading process)
     victim: str
     recovery: float  # until pg_locks showed a new holder
+    successor: str  # who holds the lock then
 
 
 async def flap(admin, members: list[ManagedProcess], nursery: trio.Nursery, *, seconds: float,
@@ -287,8 +288,9 @@ async def flap(admin, members: list[ManagedProcess], nursery: trio.Nursery, *, s
                 await member.process.wait()
             await member.start(nursery)
         took, _ = await wait_for_new_holder(admin, {backend}, timeout=recovery_timeout)
+        successor = await lock_owner(admin, members)
         events.append(ChaosEvent(began, action, member.label if member else f"backend {backend}",
-                                 took - began))
+                                 took - began, successor[1].label if successor and successor[1] else "?"))
     return events
 
 
