@@ -41,6 +41,7 @@ class WaveResult:
     jobs: int
     promoted_at_kill: int  # rows out of awa.scheduled_jobs when the leader died
     takeover: float  # SIGKILL to a new lock holder
+    promotion: float  # due time to no row left in awa.scheduled_jobs
     completion: float  # due time to every job completed
     outcomes: dict[tuple[str, int], int]
     handler_runs: dict[int, int]  # job id -> DONE lines
@@ -107,15 +108,19 @@ async def run_wave(admin, client, database_url: str, *, leaders: str, jobs: int,
                 first.kill()
                 killed_at = trio.current_time()
                 took, _ = await wait_for_new_holder(admin, old_holders, timeout=timeout)
+                promotion = None
                 while await admin.fetchval(COMPLETED_SQL, KIND) < jobs:
+                    if promotion is None and not await admin.fetchval(SCHEDULED_LEFT_SQL, KIND):
+                        promotion = (datetime.datetime.now(datetime.UTC) - due_at).total_seconds()
                     await trio.sleep(0.02)
                 completion = (datetime.datetime.now(datetime.UTC) - due_at).total_seconds()
+                promotion = completion if promotion is None else promotion
                 # Handlers print DONE before the runtime records completion; give stragglers a moment.
                 while len(done_counts(workers)) < jobs:
                     await trio.sleep(0.05)
             await trio.sleep(1.0)  # a late duplicate would show up now
             outcomes = await job_outcomes(admin, KIND)
-            return WaveResult(leaders, jobs, promoted_at_kill, took - killed_at, completion, outcomes,
+            return WaveResult(leaders, jobs, promoted_at_kill, took - killed_at, promotion, completion, outcomes,
                               done_counts(workers), job_ids,
                               [exit for process in everyone for exit in process.unexpected_exits])
         finally:
