@@ -183,3 +183,6 @@ async def test_postgresql_restarts_during_load_leadership_and_work_resume_with_o
         assert with_traceback == [], "a traceback in the log"
         assert max(counts.values()) == 1, f"more than one warning from one source in one episode: {counts}"
     assert not any("Traceback" in line for line in leader.lines)
+    # Down for seconds, the election failed on every try: one warning for
+    # all of them, though the first outage's failures were warned about too.
+    assert second[0]["awa_trio.leadership", "leader election attempt failed"] == 1
