@@ -52,6 +52,7 @@ import trio
 from .config import MaintenanceConfig
 from .db import APPLICATION_NAME, Connection, Database, DatabaseError, sole_exception
 from .errors import LeadershipAbandoned
+from .logs import connection_recovered
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +218,8 @@ class LeaderElector:
             if conn is not None:
                 await conn.close()
             return None, False
+        # The server answered: the next outage's first failure warns again.
+        connection_recovered(log.name, log)
         return conn, acquired
 
     async def _hold(self, lock: Connection) -> TermOutcome:

@@ -158,7 +158,7 @@ def configure_logging(level: str, fmt: str = "text", secrets: Iterable[str] = ()
 _CONNECTION_TROUBLE = re.compile(
     r"\[08\w{3}\]|\[57P0[123]\]|connection (was|is) closed|connection refused|"
     r"terminating connection|the database system is (starting up|shutting down)|"
-    r"ConnectionResetError|ConnectionRefusedError|connection lost|cannot switch to state|"
+    r"ConnectionResetError|ConnectionRefusedError|connection lost|unexpected connection_lost|cannot switch to state|"
     r"another operation .* is in progress",
     re.IGNORECASE,
 )

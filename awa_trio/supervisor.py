@@ -28,6 +28,7 @@ from .branch import BranchSpec, supervise_branch
 from .context import MaintenanceContext
 from .db import DatabaseError
 from .errors import UnsupportedSchema
+from .logs import connection_recovered
 from .schema import (
     SUPPORTED_ENGINES,
     SUPPORTED_SCHEMA_VERSIONS,
@@ -139,6 +140,7 @@ async def watch_schema(
         except DatabaseError as exc:
             log.warning("schema check failed (will retry): %s", exc)
             continue
+        connection_recovered(log.name, log)
         if info.version != known.version:
             log.info(
                 "awa schema version changed from %d to %d (still supported)", known.version, info.version

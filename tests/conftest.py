@@ -24,6 +24,10 @@ def pytest_configure(config):
         "markers",
         "queue_storage: runs on a database finalised to queue storage (also run on schema 40 in CI)",
     )
+    config.addinivalue_line(
+        "markers",
+        "pg_restart: restarts the local PostgreSQL server (only with AWA_TRIO_TEST_PG_RESTART=1; run it alone)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -146,3 +146,50 @@ async def test_server_restart_is_one_episode_without_asyncpg_tracebacks(database
     assert 1 <= len(warnings) <= 10 and len(recovered) >= len(warnings) - 1
     assert all(r.levelno == logging.WARNING for r in warnings), [r.getMessage() for r in warnings]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.exc_info]
+
+
+async def test_every_outage_warns_once_again_after_the_election_reached_the_server(database_url, caplog):
+    """Two outages of the server (through a proxy that closes every
+    connection and refuses new ones), leadership regained in between: the
+    failed term and election attempts of each outage are one warning, the
+    second outage's included (the election used to leave its episode open
+    for the process's life, and an aborted handshake was not recognised as
+    connection trouble at all: a warning per attempt)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from support.proxy import postgres_proxy
+
+    from awa_trio import MaintenanceConfig, MaintenanceService
+    from awa_trio.logs import AsyncpgPoolNoiseFilter, ConnectionEpisodeFilter
+
+    caplog.set_level(logging.DEBUG)
+    caplog.handler.addFilter(AsyncpgPoolNoiseFilter())
+    caplog.handler.addFilter(ConnectionEpisodeFilter())
+    server = urlsplit(database_url)
+    outages = []
+    async with postgres_proxy(server.hostname or "localhost", server.port or 5432) as proxy:
+        user = f"{server.username}@" if server.username else ""
+        proxied = urlunsplit(server._replace(netloc=f"{user}127.0.0.1:{proxy.port}"))
+        service = MaintenanceService(proxied, MaintenanceConfig(leader_election_interval=0.1,
+                                                                 leader_check_interval=0.5))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            await service.wait_until_leader()
+            for _ in range(2):
+                began = len(caplog.records)
+                proxy.freeze()
+                proxy.cut()
+                with trio.fail_after(5):
+                    await service.wait_until_follower()
+                await trio.sleep(1.0)  # election attempts keep failing
+                proxy.heal()
+                with trio.fail_after(10):
+                    await service.wait_until_leader()
+                outages.append(caplog.records[began:])
+            nursery.cancel_scope.cancel()
+    for records in outages:
+        failures = [r for r in records if r.name == "awa_trio.leadership" and r.getMessage().startswith(
+            ("leader election attempt failed", "leadership term failed"))]
+        loud = [r for r in failures if r.levelno >= logging.WARNING]
+        assert len(failures) >= 3, "the election failed repeatedly in each outage"
+        assert len(loud) == 1, [(r.levelname, r.getMessage()) for r in failures]

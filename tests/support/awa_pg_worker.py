@@ -8,7 +8,7 @@ retryable), ``hang-first`` (hang on attempt 1, complete on later attempts),
 ``callback`` (register an external callback of ``--callback-timeout-s`` and
 wait for it: the job parks in ``waiting_external``), ``callback-first``
 (callback on attempt 1, complete on later attempts).
-``--deadline-ms`` gives every queue a hard deadline per attempt;
+``--max-workers`` sets the slots per queue (4); ``--deadline-ms`` gives every queue a hard deadline per attempt;
 ``--mute-rescue`` silences only this runtime's rescues (it still promotes
 should it lead), ``--mute-maintenance`` its promotion too.
 Prints ``READY`` once started, ``START <id> <attempt> <kind>`` when a handler
@@ -43,6 +43,7 @@ async def main() -> None:
     parser.add_argument("--deadline-ms", type=int, default=None,
                         help="hard deadline of every attempt (queue deadline_duration_ms)")
     parser.add_argument("--callback-timeout-s", type=float, default=1.0)
+    parser.add_argument("--max-workers", type=int, default=4, help="slots per queue")
     parser.add_argument("--mute-maintenance", action="store_true",
                         help="huge rescue/promote intervals, should this runtime ever lead")
     parser.add_argument("--mute-rescue", action="store_true",
@@ -54,7 +55,7 @@ async def main() -> None:
     for spec in args.kind:
         kind, _, queue = spec.partition(":")
         queue = queue or "default"
-        queues[queue] = 4
+        queues[queue] = args.max_workers
 
         @client.task(dict, kind=kind, queue=queue)
         async def handle(job, _kind=kind):
