@@ -4,7 +4,10 @@ one idle worker slot), on each engine, every branch at its default tick.
 Both leaders run at the same time, each on a fresh database of its own, so
 the noise of a shared machine falls on both alike. For each leader process,
 from /proc: CPU (user + system) over the whole run (start-up included) and
-from 5 s in, and peak RSS; for each database, from pg_stat_database:
+from 5 s in, peak RSS, and wake-ups per second from 5 s in (voluntary
+context switches over all its threads: each time the process sleeps, it
+later wakes, and on this kind of machine a wake-up costs more CPU than the
+Python that runs after it); for each database, from pg_stat_database:
 transactions per second from 5 s in (every statement outside an explicit
 transaction is one; pg_stat_statements is not assumed to be loaded).
 
@@ -68,6 +71,7 @@ TRANSACTIONS_SQL = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHE
 class Sample:
     cpu: float
     peak_rss: float
+    wakeups: int
     transactions: int
 
 
@@ -79,9 +83,27 @@ class LeaderRun:
     end: Sample | None = None
 
 
+def voluntary_switches(pid: int) -> int:
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except FileNotFoundError:  # a thread that just ended
+            continue
+        total += next(
+            int(line.split()[1]) for line in status.splitlines() if line.startswith("voluntary_ctxt")
+        )
+    return total
+
+
 async def sample(conn: asyncpg.Connection, run: LeaderRun) -> Sample:
     cpu, peak = process_cost(run.process.pid)
-    return Sample(cpu, peak, int(await conn.fetchval(TRANSACTIONS_SQL, run.database)))
+    return Sample(
+        cpu,
+        peak,
+        voluntary_switches(run.process.pid),
+        int(await conn.fetchval(TRANSACTIONS_SQL, run.database)),
+    )
 
 
 async def make_database(server: str, engine: str) -> str:
@@ -156,6 +178,7 @@ def measures(run: LeaderRun, seconds: float) -> list[float]:
         run.end.cpu,
         run.end.cpu - run.after_startup.cpu,
         run.end.peak_rss,
+        (run.end.wakeups - run.after_startup.wakeups) / window,
         (run.end.transactions - run.after_startup.transactions) / window,
     ]
 
@@ -165,6 +188,7 @@ def print_table(engine: str, seconds: float, runs: dict[str, LeaderRun]) -> None
         ("CPU, start-up included", "s", 2),
         (f"CPU, from {STARTUP_SECONDS:g} s in", "s", 2),
         ("peak RSS", "MiB", 1),
+        ("wake-ups per second", "/s", 1),
         ("transactions per second", "/s", 1),
     )
     theirs, ours = measures(runs["awa-pg"], seconds), measures(runs["awa_trio"], seconds)
