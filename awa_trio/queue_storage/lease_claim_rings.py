@@ -10,7 +10,9 @@ is empty, and truncates the oldest sealed slot once nothing in it is live::
              count rows in the children of s+1      -> busy: SkippedBusy
              UPDATE cursor := (s+1, g+1) WHERE cursor = (s, g)
                                                     -> 0 rows: lost the CAS
-    prune:   cursor FOR UPDATE, oldest sealed slot o, slot row FOR UPDATE
+    prune:   (after a rotation: o from its cursor; nothing to reclaim in o
+              -> Noop, one statement and no lock wait)
+             cursor FOR UPDATE, oldest sealed slot o, slot row FOR UPDATE
              nothing to reclaim in o                -> Noop
              live rows in o (gate)                  -> SkippedActive
              LOCK o's children ACCESS EXCLUSIVE, short lock_timeout
@@ -36,7 +38,7 @@ from ..context import MaintenanceContext
 from ..db import QueryError
 from ..tracker import PruneOutcome
 from .layout import schema_name
-from .rings import PruneResult, RotateResult
+from .rings import PruneResult, RingCursor, RotateResult
 
 #: How long a prune waits for the exclusive child locks before it reports
 #: Blocked (upstream's default prune lock timeout).
@@ -162,7 +164,12 @@ async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResu
     busy_row = await ctx.db.fetchrow(tables.fill(tables.busy_sql, schema, next_slot))
     blockers = {label: int(count) for label, count in busy_row.items()}
     if any(blockers.values()):
-        return RotateResult(rotated=False, slot=next_slot, blockers=blockers)
+        return RotateResult(
+            rotated=False,
+            slot=next_slot,
+            blockers=blockers,
+            cursor=RingCursor(current, generation, slot_count),
+        )
 
     moved = await ctx.db.fetchrow(
         ADVANCE_CURSOR_SQL.format(schema=schema, ring=tables.ring),
@@ -174,14 +181,32 @@ async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResu
     if moved is None:
         # Another rotator moved the cursor since we read it.
         return RotateResult(rotated=False, slot=next_slot, blockers={})
-    return RotateResult(rotated=True, slot=int(moved["current_slot"]), generation=int(moved["generation"]))
+    slot, generation = int(moved["current_slot"]), int(moved["generation"])
+    return RotateResult(
+        rotated=True, slot=slot, generation=generation, cursor=RingCursor(slot, generation, slot_count)
+    )
 
 
 async def prune_oldest(
-    ctx: MaintenanceContext, tables: RingTables, *, lock_timeout: float = PRUNE_LOCK_TIMEOUT
+    ctx: MaintenanceContext,
+    tables: RingTables,
+    cursor: RingCursor | None = None,
+    *,
+    lock_timeout: float = PRUNE_LOCK_TIMEOUT,
 ) -> PruneResult:
-    """Truncate the oldest sealed slot of the ring if nothing in it is live."""
+    """Truncate the oldest sealed slot of the ring if nothing in it is live.
+
+    With the ``cursor`` a rotation just saw, a slot with nothing to reclaim
+    (an idle ring's every tick) is a Noop after one statement outside any
+    transaction; a Noop is always safe, and anything else takes the locked
+    path, which reads the cursor again under its lock."""
     schema = schema_name(ctx)
+    if cursor is not None:
+        oldest = oldest_sealed_slot(cursor.slot, cursor.generation, cursor.slot_count)
+        if oldest is None:
+            return PruneResult(outcome=PruneOutcome.NOOP)
+        if await ctx.db.fetchval(tables.fill(tables.clean_sql, schema, oldest[0])):
+            return PruneResult(outcome=PruneOutcome.NOOP, slot=oldest[0], details={"empty": True})
     ring_sql = {"schema": schema, "ring": tables.ring}
     slot: int | None = None
     try:

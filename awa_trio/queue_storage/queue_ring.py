@@ -112,6 +112,29 @@ OLDEST_SEALED_SLOT_SQL = """
     FOR UPDATE
 """
 
+
+def oldest_slot_clean_sql(schema: str) -> str:
+    """The oldest sealed slot (as OLDEST_SEALED_SLOT_SQL, without its lock)
+    and whether every child of it is without a heap page, in one statement
+    (``$1``: the current slot). A slot with no page holds no row; one with
+    pages may hold none either, which the locked path then finds out."""
+    sizes = "\n             + ".join(
+        f"pg_relation_size(('{schema}.{table}_' || oldest.slot)::regclass)"
+        for _label, table in QUEUE_SLOT_CHILDREN
+    )
+    return f"""
+    SELECT oldest.slot,
+           {sizes} = 0 AS clean
+    FROM (
+        SELECT slot
+        FROM {schema}.queue_ring_slots
+        WHERE generation >= 0 AND slot <> $1
+        ORDER BY generation, slot
+        LIMIT 1
+    ) AS oldest
+"""
+
+
 SLOT_GENERATION_SQL = "SELECT generation FROM {schema}.queue_ring_slots WHERE slot = $1"
 
 # Upstream's three skip gates, in one round trip ($1 slot, $2 generation):

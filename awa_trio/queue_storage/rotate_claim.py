@@ -28,7 +28,7 @@ from .lease_claim_rings import (
     prune_oldest,
     rotate_ring,
 )
-from .rings import CLAIM_RING, PruneResult, RingTickResult, RotateResult, run_ring_tick
+from .rings import CLAIM_RING, PruneResult, RingCursor, RingTickResult, RotateResult, run_ring_tick
 
 NAME = "rotate_claim"
 
@@ -140,8 +140,10 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
     return await rotate_ring(ctx, CLAIM_RING_TABLES)
 
 
-async def prune(ctx: MaintenanceContext, *, lock_timeout: float = PRUNE_LOCK_TIMEOUT) -> PruneResult:
-    return await prune_oldest(ctx, CLAIM_RING_TABLES, lock_timeout=lock_timeout)
+async def prune(
+    ctx: MaintenanceContext, cursor: RingCursor | None = None, *, lock_timeout: float = PRUNE_LOCK_TIMEOUT
+) -> PruneResult:
+    return await prune_oldest(ctx, CLAIM_RING_TABLES, cursor, lock_timeout=lock_timeout)
 
 
 async def run_once(ctx: MaintenanceContext) -> RingTickResult:
