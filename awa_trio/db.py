@@ -318,9 +318,11 @@ class Connection:
         self._raw.add_termination_listener(lambda _conn: token.run_sync_soon(callback))
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Connection]:
-        """Commit on success; roll back (shielded, bounded) on any error or cancel."""
-        tx = self._raw.transaction()
+    async def transaction(self, *, isolation: str | None = None) -> AsyncIterator[Connection]:
+        """Commit on success; roll back (shielded, bounded) on any error or cancel.
+        ``isolation`` (asyncpg's names, e.g. ``read_committed``) goes into the
+        BEGIN itself, so it costs no statement of its own."""
+        tx = self._raw.transaction(isolation=isolation)
         await self._call(tx.start)
         try:
             yield self
@@ -449,9 +451,9 @@ class Database:
             self._pool.release(raw, clean=clean)
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Connection]:
+    async def transaction(self, *, isolation: str | None = None) -> AsyncIterator[Connection]:
         """A pooled connection inside one transaction."""
-        async with self.acquire() as conn, conn.transaction():
+        async with self.acquire() as conn, conn.transaction(isolation=isolation):
             yield conn
 
     async def connect_dedicated(

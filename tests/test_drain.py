@@ -36,7 +36,7 @@ BATCH = 50
 BACKLOG = 12 * BATCH + 20
 GENEROUS = "60s"
 #: Spent as soon as a batch has run: every tick takes exactly one batch per step.
-TINY = "1ms"
+TINY = "0.001ms"
 
 # -- arranging backlogs in bulk ------------------------------------------------
 

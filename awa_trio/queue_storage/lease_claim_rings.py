@@ -38,6 +38,7 @@ from ..context import MaintenanceContext
 from ..db import QueryError
 from ..tracker import PruneOutcome
 from .layout import schema_name
+from .queue_ring import READ_COMMITTED
 from .rings import PruneResult, RingCursor, RotateResult
 
 #: How long a prune waits for the exclusive child locks before it reports
@@ -210,7 +211,9 @@ async def prune_oldest(
     ring_sql = {"schema": schema, "ring": tables.ring}
     slot: int | None = None
     try:
-        async with ctx.db.transaction() as conn:
+        # Read committed whatever the database default, as the queue ring:
+        # the gates after the lock wait must see what committed during it.
+        async with ctx.db.transaction(isolation=READ_COMMITTED) as conn:
             cursor = await conn.fetchrow(LOCK_CURSOR_SQL.format(**ring_sql))
             oldest = oldest_sealed_slot(
                 int(cursor["current_slot"]), int(cursor["generation"]), int(cursor["slot_count"])

@@ -75,7 +75,8 @@ def children_busy_sql(schema: str, slot: int) -> str:
 # committed while the prune waited for its locks. A repeatable-read snapshot
 # (say, a database-wide default_transaction_isolation) would be taken before
 # the lock and TRUNCATE would then drop rows that snapshot never saw.
-READ_COMMITTED_SQL = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+#: asyncpg's name for it, given to the BEGIN (no statement of its own).
+READ_COMMITTED = "read_committed"
 
 # The ring-state row lock serialises rotate and prune with each other and
 # with any awa-pg leader doing the same (upstream takes the same row lock).

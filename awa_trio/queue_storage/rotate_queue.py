@@ -54,8 +54,7 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
     """Advance the cursor to the next slot if every child of it is empty;
     otherwise SkippedBusy naming the children that still hold rows."""
     schema = schema_name(ctx)
-    async with ctx.db.transaction() as conn:
-        await conn.execute(sql.READ_COMMITTED_SQL)
+    async with ctx.db.transaction(isolation=sql.READ_COMMITTED) as conn:
         state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
         current, generation, slot_count = (
             int(state["current_slot"]),
@@ -128,7 +127,7 @@ async def prune(
             return PruneResult(PruneOutcome.NOOP, slot=int(oldest["slot"]))
     floor = max(0.0, float(ctx.config.failed_retention))
     try:
-        async with ctx.db.transaction() as conn:
+        async with ctx.db.transaction(isolation=sql.READ_COMMITTED) as conn:
             return await _prune_in_transaction(ctx, conn, schema, floor, lock_timeout, defer_idle_carry)
     except _Blocked as blocked:
         return PruneResult(PruneOutcome.BLOCKED, slot=blocked.args[0])
@@ -142,7 +141,6 @@ async def _prune_in_transaction(
     lock_timeout: float,
     defer_idle_carry: bool,
 ) -> PruneResult:
-    await conn.execute(sql.READ_COMMITTED_SQL)
     state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
     current, slot_count = int(state["current_slot"]), int(state["slot_count"])
     target = await conn.fetchrow(sql.OLDEST_SEALED_SLOT_SQL.format(schema=schema), current)
