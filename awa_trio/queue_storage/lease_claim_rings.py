@@ -6,8 +6,8 @@ slot count) over per-slot child partitions. Writers put new rows in the
 current slot; the leader moves the cursor onto the next slot once that slot
 is empty, and truncates the oldest sealed slot once nothing in it is live::
 
-    rotate:  read cursor (slot s, generation g)
-             count rows in the children of s+1      -> busy: SkippedBusy
+    rotate:  read cursor (slot s, generation g) and count rows in the
+             children of s+1, one statement         -> busy: SkippedBusy
              UPDATE cursor := (s+1, g+1) WHERE cursor = (s, g)
                                                     -> 0 rows: lost the CAS
     prune:   (after a rotation: o from its cursor; nothing to reclaim in o
@@ -50,10 +50,22 @@ LOCK_NOT_AVAILABLE = "55P03"
 #: "one straggler" from "a backlog", never a full scan of a big partition.
 ROW_COUNT_CAP = 1000
 
-READ_CURSOR_SQL = """
-    SELECT current_slot, generation, slot_count
-    FROM {schema}.{ring}_ring_state
-    WHERE singleton
+#: Columns of the cursor in READ_CURSOR_AND_NEXT_SLOT_SQL; every other column
+#: is a blocker count.
+CURSOR_COLUMNS = ("current_slot", "generation", "slot_count")
+
+# The cursor and what the slot after it still holds, in one round trip. The
+# counts ({busy_columns}) read the parent tables for the slot `next.slot`;
+# run-time partition pruning scans only that slot's children. A plain SELECT
+# never waits for the cursor row's lock.
+READ_CURSOR_AND_NEXT_SLOT_SQL = """
+    SELECT cursor.current_slot, cursor.generation, cursor.slot_count, busy.*
+    FROM {schema}.{ring}_ring_state AS cursor
+    CROSS JOIN LATERAL (
+        SELECT {busy_columns}
+        FROM (SELECT (cursor.current_slot + 1) % cursor.slot_count AS slot) AS next
+    ) AS busy
+    WHERE cursor.singleton
 """
 
 # Moves the cursor only if nobody moved it since we read it, and stamps the
@@ -103,6 +115,15 @@ def bounded_row_count(table: str) -> str:
     return f"(SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT {ROW_COUNT_CAP}) AS capped)"
 
 
+def bounded_rows_in_next_slot(parent: str, slot_column: str) -> str:
+    """SQL expression for READ_CURSOR_AND_NEXT_SLOT_SQL: rows of the slot
+    about to become current in ``parent``, counted up to ROW_COUNT_CAP."""
+    return (
+        f"(SELECT count(*) FROM (SELECT 1 FROM {{schema}}.{parent} WHERE {slot_column} = next.slot "
+        f"LIMIT {ROW_COUNT_CAP}) AS capped)"
+    )
+
+
 def heap_pages_sql(tables: list[str]) -> str:
     """SQL expression: total heap size of ``tables`` (0 = nothing to reclaim)."""
     return " + ".join(f"pg_relation_size('{table}'::regclass)" for table in tables)
@@ -118,9 +139,9 @@ class RingTables:
     ring: str
     #: Parent tables whose ``<parent>_<slot>`` children make up one slot.
     children: tuple[str, ...]
-    #: One row whose columns are upstream's blocker labels, each the rows found
-    #: in the children of the slot about to become current.
-    busy_sql: str
+    #: Columns named by upstream's blocker labels, each the rows found in the
+    #: slot about to become current (see READ_CURSOR_AND_NEXT_SLOT_SQL).
+    busy_columns: str
     #: Live rows that make truncating the slot unsafe (0 = safe).
     live_sql: str
     #: True when the slot holds nothing to reclaim (prune is then a Noop).
@@ -154,16 +175,13 @@ def oldest_sealed_slot(current_slot: int, generation: int, slot_count: int) -> t
 async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResult:
     """Advance the ring's cursor onto the next slot if that slot is empty."""
     schema = schema_name(ctx)
-    cursor = await ctx.db.fetchrow(READ_CURSOR_SQL.format(schema=schema, ring=tables.ring))
-    current, generation, slot_count = (
-        int(cursor["current_slot"]),
-        int(cursor["generation"]),
-        int(cursor["slot_count"]),
+    read_sql = READ_CURSOR_AND_NEXT_SLOT_SQL.format(
+        schema=schema, ring=tables.ring, busy_columns=tables.busy_columns.format(schema=schema)
     )
+    [cursor] = await ctx.db.fetch(read_sql)
+    current, generation, slot_count = (int(cursor[column]) for column in CURSOR_COLUMNS)
     next_slot = (current + 1) % slot_count
-
-    busy_row = await ctx.db.fetchrow(tables.fill(tables.busy_sql, schema, next_slot))
-    blockers = {label: int(count) for label, count in busy_row.items()}
+    blockers = {label: int(count) for label, count in cursor.items() if label not in CURSOR_COLUMNS}
     if any(blockers.values()):
         return RotateResult(
             rotated=False,
