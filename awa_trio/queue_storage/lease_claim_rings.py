@@ -10,8 +10,8 @@ is empty, and truncates the oldest sealed slot once nothing in it is live::
              children of s+1, one statement         -> busy: SkippedBusy
              UPDATE cursor := (s+1, g+1) WHERE cursor = (s, g)
                                                     -> 0 rows: lost the CAS
-    prune:   (after a rotation: o from its cursor; nothing to reclaim in o
-              -> Noop, one statement and no lock wait)
+    prune:   (after a rotation: o from its cursor; nothing to reclaim in o,
+              as the rotation's statement found -> Noop, no statement)
              cursor FOR UPDATE, oldest sealed slot o, slot row FOR UPDATE
              nothing to reclaim in o                -> Noop
              live rows in o (gate)                  -> SkippedActive
@@ -83,7 +83,7 @@ ADVANCE_CURSOR_SQL = """
         FROM moved
         WHERE slots.slot = moved.current_slot
     )
-    SELECT current_slot, generation FROM moved
+    SELECT current_slot, generation, {oldest_clean} AS oldest_clean FROM moved
 """
 
 # Serialises the prune with rotation (and any other prune) for its whole
@@ -190,8 +190,18 @@ async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResu
             cursor=RingCursor(current, generation, slot_count),
         )
 
+    # The prune that follows wants to know whether the slot that will then be
+    # the oldest sealed one has anything to reclaim: asked here, it costs
+    # the idle tick no statement of its own. Checked only once the cursor
+    # row is ours, so no child lock is held while waiting for it.
+    oldest_after = oldest_sealed_slot(next_slot, generation + 1, slot_count)
+    oldest_clean = (
+        "NULL::boolean"
+        if oldest_after is None
+        else f"({tables.fill(tables.clean_sql, schema, oldest_after[0]).strip()})"
+    )
     moved = await ctx.db.fetchrow(
-        ADVANCE_CURSOR_SQL.format(schema=schema, ring=tables.ring),
+        ADVANCE_CURSOR_SQL.format(schema=schema, ring=tables.ring, oldest_clean=oldest_clean),
         next_slot,
         generation + 1,
         current,
@@ -201,9 +211,8 @@ async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResu
         # Another rotator moved the cursor since we read it.
         return RotateResult(rotated=False, slot=next_slot, blockers={})
     slot, generation = int(moved["current_slot"]), int(moved["generation"])
-    return RotateResult(
-        rotated=True, slot=slot, generation=generation, cursor=RingCursor(slot, generation, slot_count)
-    )
+    cursor_after = RingCursor(slot, generation, slot_count, oldest_clean=moved["oldest_clean"])
+    return RotateResult(rotated=True, slot=slot, generation=generation, cursor=cursor_after)
 
 
 async def prune_oldest(
@@ -216,15 +225,19 @@ async def prune_oldest(
     """Truncate the oldest sealed slot of the ring if nothing in it is live.
 
     With the ``cursor`` a rotation just saw, a slot with nothing to reclaim
-    (an idle ring's every tick) is a Noop after one statement outside any
-    transaction; a Noop is always safe, and anything else takes the locked
-    path, which reads the cursor again under its lock."""
+    (an idle ring's every tick) is a Noop without a transaction: after no
+    statement at all when the rotation already checked it, else after one.
+    A Noop is always safe; anything else takes the locked path, which reads
+    the cursor again under its lock."""
     schema = schema_name(ctx)
     if cursor is not None:
         oldest = oldest_sealed_slot(cursor.slot, cursor.generation, cursor.slot_count)
         if oldest is None:
             return PruneResult(outcome=PruneOutcome.NOOP)
-        if await ctx.db.fetchval(tables.fill(tables.clean_sql, schema, oldest[0])):
+        clean = cursor.oldest_clean
+        if clean is None:
+            clean = await ctx.db.fetchval(tables.fill(tables.clean_sql, schema, oldest[0]))
+        if clean:
             return PruneResult(outcome=PruneOutcome.NOOP, slot=oldest[0], details={"empty": True})
     ring_sql = {"schema": schema, "ring": tables.ring}
     slot: int | None = None

@@ -33,6 +33,9 @@ class RingCursor:
     slot: int
     generation: int
     slot_count: int
+    #: Whether the oldest sealed slot of this cursor held nothing to reclaim,
+    #: when the rotation's statement checked it on the way (None: not checked).
+    oldest_clean: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
