@@ -8,7 +8,7 @@ import json
 import logging
 import re
 
-from .db import Database
+from .db import Database, QueryError
 from .errors import UnsupportedSchema
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,17 @@ _STORAGE_STATUS_SQL = """
     SELECT active_engine, current_engine, prepared_engine, state, details::text AS details
     FROM awa.storage_status()
 """
+# The three reads above in one round trip, for a database that has the awa
+# schema (the storage watch reads it every second); where a part is missing
+# it fails, and the reads above say what is there.
+_SCHEMA_AND_STORAGE_SQL = """
+    SELECT (SELECT max(version) FROM awa.schema_version) AS version,
+           status.active_engine, status.state, status.details::text AS details
+    FROM (SELECT 1) AS always_one_row
+    LEFT JOIN awa.storage_status() AS status ON true
+"""
+#: SQLSTATEs of a missing table, function or schema.
+_UNDEFINED_OBJECT_SQLSTATES = ("42P01", "42883", "3F000")
 _IDENTIFIER_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -95,6 +106,19 @@ def _queue_storage_schema(details: str | None) -> str:
 
 async def read_schema(db: Database) -> SchemaInfo | None:
     """The installed schema version and storage state, or None without an awa schema."""
+    try:
+        row = await db.fetchrow(_SCHEMA_AND_STORAGE_SQL)
+    except QueryError as exc:
+        if exc.sqlstate not in _UNDEFINED_OBJECT_SQLSTATES:
+            raise
+        return await _read_schema_step_by_step(db)
+    if row is None or row["version"] is None:
+        return None
+    return _schema_info(row["version"], row["active_engine"], row["state"], row["details"])
+
+
+async def _read_schema_step_by_step(db: Database) -> SchemaInfo | None:
+    """read_schema for a database that may lack any part of the awa schema."""
     if not await db.fetchval(_SCHEMA_PRESENT_SQL):
         return None
     version = await db.fetchval(_SCHEMA_VERSION_SQL)
@@ -103,11 +127,15 @@ async def read_schema(db: Database) -> SchemaInfo | None:
     row = await db.fetchrow(_STORAGE_STATUS_SQL)
     if row is None:  # no transition row: a canonical install
         return SchemaInfo(version=int(version), engine=CANONICAL)
+    return _schema_info(version, row["active_engine"], row["state"], row["details"])
+
+
+def _schema_info(version: int, engine: str | None, state: str | None, details: str | None) -> SchemaInfo:
     return SchemaInfo(
         version=int(version),
-        engine=str(row["active_engine"] or CANONICAL),
-        state=str(row["state"] or STATE_CANONICAL),
-        queue_storage_schema=_queue_storage_schema(row["details"]),
+        engine=str(engine or CANONICAL),
+        state=str(state or STATE_CANONICAL),
+        queue_storage_schema=_queue_storage_schema(details),
     )
 
 

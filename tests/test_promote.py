@@ -214,6 +214,7 @@ async def test_state_literal_lets_the_planner_use_the_partial_index(db):
 
 async def test_one_state_failing_does_not_block_the_other(maintenance_ctx, db, caplog, monkeypatch):
     await insert_due_rows(db, 3, "retryable")
+    await insert_due_rows(db, 2, "scheduled")  # due, so its (broken) batch runs
     broken = dict(promote.PROMOTE_DUE_SQL, scheduled="SELECT 1 / 0 AS queue")
     monkeypatch.setattr(promote, "PROMOTE_DUE_SQL", broken)
     result = await promote.run_once(maintenance_ctx)

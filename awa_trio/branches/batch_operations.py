@@ -114,6 +114,15 @@ OP_MOVE_QUEUE = "move_queue"
 FILTERABLE_JOB_STATES = ("available", "scheduled")
 MAX_QUEUE_NAME_BYTES = 200
 
+# Is any operation unfinished? Without one a tick has nothing to claim, and
+# stops after this one statement instead of taking and releasing the runner
+# lock around an empty claim (three statements on a pooled connection).
+UNFINISHED_OPERATION_SQL = """
+    SELECT EXISTS (
+        SELECT 1 FROM awa.batch_operations
+        WHERE state IN ('pending', 'scanning', 'running', 'cancelling')
+    )
+"""
 TRY_RUNNER_LOCK_SQL = "SELECT pg_try_advisory_lock($1)"
 RELEASE_RUNNER_LOCK_SQL = "SELECT pg_advisory_unlock($1)"
 
@@ -467,6 +476,8 @@ async def run_batch_operations(
     scan_page_size: int = SCAN_PAGE_SIZE,
 ) -> BatchOperationsResult:
     """One tick of the runner against ``storage``'s tables."""
+    if not await ctx.db.fetchval(UNFINISHED_OPERATION_SQL):
+        return BatchOperationsResult()
     runner_instance = uuid.uuid4()
     async with ctx.db.acquire() as conn:
         if not await conn.fetchval(TRY_RUNNER_LOCK_SQL, RUNNER_LOCK_KEY):

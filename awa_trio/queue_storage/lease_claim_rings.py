@@ -6,11 +6,13 @@ slot count) over per-slot child partitions. Writers put new rows in the
 current slot; the leader moves the cursor onto the next slot once that slot
 is empty, and truncates the oldest sealed slot once nothing in it is live::
 
-    rotate:  read cursor (slot s, generation g)
-             count rows in the children of s+1      -> busy: SkippedBusy
+    rotate:  read cursor (slot s, generation g) and count rows in the
+             children of s+1, one statement         -> busy: SkippedBusy
              UPDATE cursor := (s+1, g+1) WHERE cursor = (s, g)
                                                     -> 0 rows: lost the CAS
-    prune:   cursor FOR UPDATE, oldest sealed slot o, slot row FOR UPDATE
+    prune:   (after a rotation: o from its cursor; nothing to reclaim in o,
+              as the rotation's statement found -> Noop, no statement)
+             cursor FOR UPDATE, oldest sealed slot o, slot row FOR UPDATE
              nothing to reclaim in o                -> Noop
              live rows in o (gate)                  -> SkippedActive
              LOCK o's children ACCESS EXCLUSIVE, short lock_timeout
@@ -36,7 +38,8 @@ from ..context import MaintenanceContext
 from ..db import QueryError
 from ..tracker import PruneOutcome
 from .layout import schema_name
-from .rings import PruneResult, RotateResult
+from .queue_ring import READ_COMMITTED
+from .rings import PruneResult, RingCursor, RotateResult
 
 #: How long a prune waits for the exclusive child locks before it reports
 #: Blocked (upstream's default prune lock timeout).
@@ -47,10 +50,22 @@ LOCK_NOT_AVAILABLE = "55P03"
 #: "one straggler" from "a backlog", never a full scan of a big partition.
 ROW_COUNT_CAP = 1000
 
-READ_CURSOR_SQL = """
-    SELECT current_slot, generation, slot_count
-    FROM {schema}.{ring}_ring_state
-    WHERE singleton
+#: Columns of the cursor in READ_CURSOR_AND_NEXT_SLOT_SQL; every other column
+#: is a blocker count.
+CURSOR_COLUMNS = ("current_slot", "generation", "slot_count")
+
+# The cursor and what the slot after it still holds, in one round trip. The
+# counts ({busy_columns}) read the parent tables for the slot `next.slot`;
+# run-time partition pruning scans only that slot's children. A plain SELECT
+# never waits for the cursor row's lock.
+READ_CURSOR_AND_NEXT_SLOT_SQL = """
+    SELECT cursor.current_slot, cursor.generation, cursor.slot_count, busy.*
+    FROM {schema}.{ring}_ring_state AS cursor
+    CROSS JOIN LATERAL (
+        SELECT {busy_columns}
+        FROM (SELECT (cursor.current_slot + 1) % cursor.slot_count AS slot) AS next
+    ) AS busy
+    WHERE cursor.singleton
 """
 
 # Moves the cursor only if nobody moved it since we read it, and stamps the
@@ -68,7 +83,7 @@ ADVANCE_CURSOR_SQL = """
         FROM moved
         WHERE slots.slot = moved.current_slot
     )
-    SELECT current_slot, generation FROM moved
+    SELECT current_slot, generation, {oldest_clean} AS oldest_clean FROM moved
 """
 
 # Serialises the prune with rotation (and any other prune) for its whole
@@ -100,6 +115,15 @@ def bounded_row_count(table: str) -> str:
     return f"(SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT {ROW_COUNT_CAP}) AS capped)"
 
 
+def bounded_rows_in_next_slot(parent: str, slot_column: str) -> str:
+    """SQL expression for READ_CURSOR_AND_NEXT_SLOT_SQL: rows of the slot
+    about to become current in ``parent``, counted up to ROW_COUNT_CAP."""
+    return (
+        f"(SELECT count(*) FROM (SELECT 1 FROM {{schema}}.{parent} WHERE {slot_column} = next.slot "
+        f"LIMIT {ROW_COUNT_CAP}) AS capped)"
+    )
+
+
 def heap_pages_sql(tables: list[str]) -> str:
     """SQL expression: total heap size of ``tables`` (0 = nothing to reclaim)."""
     return " + ".join(f"pg_relation_size('{table}'::regclass)" for table in tables)
@@ -115,9 +139,9 @@ class RingTables:
     ring: str
     #: Parent tables whose ``<parent>_<slot>`` children make up one slot.
     children: tuple[str, ...]
-    #: One row whose columns are upstream's blocker labels, each the rows found
-    #: in the children of the slot about to become current.
-    busy_sql: str
+    #: Columns named by upstream's blocker labels, each the rows found in the
+    #: slot about to become current (see READ_CURSOR_AND_NEXT_SLOT_SQL).
+    busy_columns: str
     #: Live rows that make truncating the slot unsafe (0 = safe).
     live_sql: str
     #: True when the slot holds nothing to reclaim (prune is then a Noop).
@@ -151,21 +175,33 @@ def oldest_sealed_slot(current_slot: int, generation: int, slot_count: int) -> t
 async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResult:
     """Advance the ring's cursor onto the next slot if that slot is empty."""
     schema = schema_name(ctx)
-    cursor = await ctx.db.fetchrow(READ_CURSOR_SQL.format(schema=schema, ring=tables.ring))
-    current, generation, slot_count = (
-        int(cursor["current_slot"]),
-        int(cursor["generation"]),
-        int(cursor["slot_count"]),
+    read_sql = READ_CURSOR_AND_NEXT_SLOT_SQL.format(
+        schema=schema, ring=tables.ring, busy_columns=tables.busy_columns.format(schema=schema)
     )
+    [cursor] = await ctx.db.fetch(read_sql)
+    current, generation, slot_count = (int(cursor[column]) for column in CURSOR_COLUMNS)
     next_slot = (current + 1) % slot_count
-
-    busy_row = await ctx.db.fetchrow(tables.fill(tables.busy_sql, schema, next_slot))
-    blockers = {label: int(count) for label, count in busy_row.items()}
+    blockers = {label: int(count) for label, count in cursor.items() if label not in CURSOR_COLUMNS}
     if any(blockers.values()):
-        return RotateResult(rotated=False, slot=next_slot, blockers=blockers)
+        return RotateResult(
+            rotated=False,
+            slot=next_slot,
+            blockers=blockers,
+            cursor=RingCursor(current, generation, slot_count),
+        )
 
+    # The prune that follows wants to know whether the slot that will then be
+    # the oldest sealed one has anything to reclaim: asked here, it costs
+    # the idle tick no statement of its own. Checked only once the cursor
+    # row is ours, so no child lock is held while waiting for it.
+    oldest_after = oldest_sealed_slot(next_slot, generation + 1, slot_count)
+    oldest_clean = (
+        "NULL::boolean"
+        if oldest_after is None
+        else f"({tables.fill(tables.clean_sql, schema, oldest_after[0]).strip()})"
+    )
     moved = await ctx.db.fetchrow(
-        ADVANCE_CURSOR_SQL.format(schema=schema, ring=tables.ring),
+        ADVANCE_CURSOR_SQL.format(schema=schema, ring=tables.ring, oldest_clean=oldest_clean),
         next_slot,
         generation + 1,
         current,
@@ -174,18 +210,41 @@ async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResu
     if moved is None:
         # Another rotator moved the cursor since we read it.
         return RotateResult(rotated=False, slot=next_slot, blockers={})
-    return RotateResult(rotated=True, slot=int(moved["current_slot"]), generation=int(moved["generation"]))
+    slot, generation = int(moved["current_slot"]), int(moved["generation"])
+    cursor_after = RingCursor(slot, generation, slot_count, oldest_clean=moved["oldest_clean"])
+    return RotateResult(rotated=True, slot=slot, generation=generation, cursor=cursor_after)
 
 
 async def prune_oldest(
-    ctx: MaintenanceContext, tables: RingTables, *, lock_timeout: float = PRUNE_LOCK_TIMEOUT
+    ctx: MaintenanceContext,
+    tables: RingTables,
+    cursor: RingCursor | None = None,
+    *,
+    lock_timeout: float = PRUNE_LOCK_TIMEOUT,
 ) -> PruneResult:
-    """Truncate the oldest sealed slot of the ring if nothing in it is live."""
+    """Truncate the oldest sealed slot of the ring if nothing in it is live.
+
+    With the ``cursor`` a rotation just saw, a slot with nothing to reclaim
+    (an idle ring's every tick) is a Noop without a transaction: after no
+    statement at all when the rotation already checked it, else after one.
+    A Noop is always safe; anything else takes the locked path, which reads
+    the cursor again under its lock."""
     schema = schema_name(ctx)
+    if cursor is not None:
+        oldest = oldest_sealed_slot(cursor.slot, cursor.generation, cursor.slot_count)
+        if oldest is None:
+            return PruneResult(outcome=PruneOutcome.NOOP)
+        clean = cursor.oldest_clean
+        if clean is None:
+            clean = await ctx.db.fetchval(tables.fill(tables.clean_sql, schema, oldest[0]))
+        if clean:
+            return PruneResult(outcome=PruneOutcome.NOOP, slot=oldest[0], details={"empty": True})
     ring_sql = {"schema": schema, "ring": tables.ring}
     slot: int | None = None
     try:
-        async with ctx.db.transaction() as conn:
+        # Read committed whatever the database default, as the queue ring:
+        # the gates after the lock wait must see what committed during it.
+        async with ctx.db.transaction(isolation=READ_COMMITTED) as conn:
             cursor = await conn.fetchrow(LOCK_CURSOR_SQL.format(**ring_sql))
             oldest = oldest_sealed_slot(
                 int(cursor["current_slot"]), int(cursor["generation"]), int(cursor["slot_count"])

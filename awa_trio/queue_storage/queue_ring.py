@@ -75,7 +75,8 @@ def children_busy_sql(schema: str, slot: int) -> str:
 # committed while the prune waited for its locks. A repeatable-read snapshot
 # (say, a database-wide default_transaction_isolation) would be taken before
 # the lock and TRUNCATE would then drop rows that snapshot never saw.
-READ_COMMITTED_SQL = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+#: asyncpg's name for it, given to the BEGIN (no statement of its own).
+READ_COMMITTED = "read_committed"
 
 # The ring-state row lock serialises rotate and prune with each other and
 # with any awa-pg leader doing the same (upstream takes the same row lock).
@@ -111,6 +112,29 @@ OLDEST_SEALED_SLOT_SQL = """
     LIMIT 1
     FOR UPDATE
 """
+
+
+def oldest_slot_clean_sql(schema: str) -> str:
+    """The oldest sealed slot (as OLDEST_SEALED_SLOT_SQL, without its lock)
+    and whether every child of it is without a heap page, in one statement
+    (``$1``: the current slot). A slot with no page holds no row; one with
+    pages may hold none either, which the locked path then finds out."""
+    sizes = "\n             + ".join(
+        f"pg_relation_size(('{schema}.{table}_' || oldest.slot)::regclass)"
+        for _label, table in QUEUE_SLOT_CHILDREN
+    )
+    return f"""
+    SELECT oldest.slot,
+           {sizes} = 0 AS clean
+    FROM (
+        SELECT slot
+        FROM {schema}.queue_ring_slots
+        WHERE generation >= 0 AND slot <> $1
+        ORDER BY generation, slot
+        LIMIT 1
+    ) AS oldest
+"""
+
 
 SLOT_GENERATION_SQL = "SELECT generation FROM {schema}.queue_ring_slots WHERE slot = $1"
 

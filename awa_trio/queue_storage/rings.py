@@ -27,6 +27,18 @@ CLAIM_RING = "claim"
 
 
 @dataclasses.dataclass(frozen=True)
+class RingCursor:
+    """Where a ring's cursor stood as a rotation left it."""
+
+    slot: int
+    generation: int
+    slot_count: int
+    #: Whether the oldest sealed slot of this cursor held nothing to reclaim,
+    #: when the rotation's statement checked it on the way (None: not checked).
+    oldest_clean: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class RotateResult:
     """``rotated``: the cursor moved to ``slot`` at ``generation``. Otherwise
     the next slot was still busy (``blockers``: upstream's blocker label, e.g.
@@ -37,6 +49,9 @@ class RotateResult:
     slot: int
     generation: int | None = None
     blockers: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: The cursor after this attempt (None after a lost compare-and-set): the
+    #: prune that follows finds its slot from it without another read.
+    cursor: RingCursor | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +81,12 @@ async def run_ring_tick(
     branch: str,
     ring: str,
     rotate: Callable[[MaintenanceContext], Awaitable[RotateResult]],
-    prune: Callable[[MaintenanceContext], Awaitable[PruneResult]],
+    prune: Callable[[MaintenanceContext, RingCursor | None], Awaitable[PruneResult]],
 ) -> RingTickResult:
     """Rotate, then prune unless backed off (never while rotation is waiting
     for that prune). A database error in rotate is logged and the prune still
-    runs, as upstream."""
+    runs, as upstream. The prune gets the cursor the rotation saw, so that an
+    idle ring's prune is one cheap statement."""
     result = RingTickResult()
     try:
         result.rotate = await rotate(ctx)
@@ -89,7 +105,7 @@ async def run_ring_tick(
             return result
         log.debug("%s: rotation is waiting for the prune; pruning despite the backoff", branch)
     try:
-        result.prune = await prune(ctx)
+        result.prune = await prune(ctx, result.rotate.cursor if result.rotate is not None else None)
     except DatabaseError as exc:
         log.error("%s: prune failed: %s", branch, describe_error(exc))
         return result

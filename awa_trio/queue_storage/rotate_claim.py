@@ -23,12 +23,12 @@ from ..context import MaintenanceContext
 from .lease_claim_rings import (
     PRUNE_LOCK_TIMEOUT,
     RingTables,
-    bounded_row_count,
+    bounded_rows_in_next_slot,
     heap_pages_sql,
     prune_oldest,
     rotate_ring,
 )
-from .rings import CLAIM_RING, PruneResult, RingTickResult, RotateResult, run_ring_tick
+from .rings import CLAIM_RING, PruneResult, RingCursor, RingTickResult, RotateResult, run_ring_tick
 
 NAME = "rotate_claim"
 
@@ -41,12 +41,12 @@ CLAIM_CHILDREN = (
 
 #: Rows of the slot about to become current, by upstream's blocker label
 #: (row-local and compact claims both count as ``claim.rows``).
-CLAIM_BUSY_SQL = f"""
-    SELECT
-        {bounded_row_count("{lease_claims}")}
-          + {bounded_row_count("{lease_claim_batches}")} AS "claim.rows",
-        {bounded_row_count("{lease_claim_closures}")} AS "claim.closure_rows",
-        {bounded_row_count("{lease_claim_closure_batches}")} AS "claim.closure_batch_rows"
+CLAIM_BUSY_COLUMNS = f"""
+        {bounded_rows_in_next_slot("lease_claims", "claim_slot")}
+          + {bounded_rows_in_next_slot("lease_claim_batches", "claim_slot")} AS "claim.rows",
+        {bounded_rows_in_next_slot("lease_claim_closures", "claim_slot")} AS "claim.closure_rows",
+        {bounded_rows_in_next_slot("lease_claim_closure_batches", "claim_slot")}
+            AS "claim.closure_batch_rows"
 """
 
 #: Open claims of the slot: at least claims - closures when the ledgers are
@@ -127,7 +127,7 @@ RESET_RESCUE_CURSORS_SQL = """
 CLAIM_RING_TABLES = RingTables(
     ring=CLAIM_RING,
     children=CLAIM_CHILDREN,
-    busy_sql=CLAIM_BUSY_SQL,
+    busy_columns=CLAIM_BUSY_COLUMNS,
     live_sql=CLAIM_OPEN_SQL,
     clean_sql=CLAIM_CLEAN_SQL,
     current_reason="claim.current",
@@ -140,8 +140,10 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
     return await rotate_ring(ctx, CLAIM_RING_TABLES)
 
 
-async def prune(ctx: MaintenanceContext, *, lock_timeout: float = PRUNE_LOCK_TIMEOUT) -> PruneResult:
-    return await prune_oldest(ctx, CLAIM_RING_TABLES, lock_timeout=lock_timeout)
+async def prune(
+    ctx: MaintenanceContext, cursor: RingCursor | None = None, *, lock_timeout: float = PRUNE_LOCK_TIMEOUT
+) -> PruneResult:
+    return await prune_oldest(ctx, CLAIM_RING_TABLES, cursor, lock_timeout=lock_timeout)
 
 
 async def run_once(ctx: MaintenanceContext) -> RingTickResult:

@@ -17,17 +17,18 @@ from .lease_claim_rings import (
     PRUNE_LOCK_TIMEOUT,
     RingTables,
     bounded_row_count,
+    bounded_rows_in_next_slot,
     heap_pages_sql,
     prune_oldest,
     rotate_ring,
 )
-from .rings import LEASE_RING, PruneResult, RingTickResult, RotateResult, run_ring_tick
+from .rings import LEASE_RING, PruneResult, RingCursor, RingTickResult, RotateResult, run_ring_tick
 
 NAME = "rotate_lease"
 
 #: Rows of the slot about to become current, by upstream's blocker label.
-LEASE_BUSY_SQL = f"""
-    SELECT {bounded_row_count("{leases}")} AS "lease.rows"
+LEASE_BUSY_COLUMNS = f"""
+    {bounded_rows_in_next_slot("leases", "lease_slot")} AS "lease.rows"
 """
 
 #: Leases still in the slot: each is a running attempt.
@@ -43,7 +44,7 @@ LEASE_CLEAN_SQL = f"""
 LEASE_RING_TABLES = RingTables(
     ring=LEASE_RING,
     children=("leases",),
-    busy_sql=LEASE_BUSY_SQL,
+    busy_columns=LEASE_BUSY_COLUMNS,
     live_sql=LEASE_LIVE_SQL,
     clean_sql=LEASE_CLEAN_SQL,
     current_reason="lease.current",
@@ -55,8 +56,10 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
     return await rotate_ring(ctx, LEASE_RING_TABLES)
 
 
-async def prune(ctx: MaintenanceContext, *, lock_timeout: float = PRUNE_LOCK_TIMEOUT) -> PruneResult:
-    return await prune_oldest(ctx, LEASE_RING_TABLES, lock_timeout=lock_timeout)
+async def prune(
+    ctx: MaintenanceContext, cursor: RingCursor | None = None, *, lock_timeout: float = PRUNE_LOCK_TIMEOUT
+) -> PruneResult:
+    return await prune_oldest(ctx, LEASE_RING_TABLES, cursor, lock_timeout=lock_timeout)
 
 
 async def run_once(ctx: MaintenanceContext) -> RingTickResult:

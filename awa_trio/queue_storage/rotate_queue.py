@@ -33,7 +33,7 @@ from ..db import Connection, QueryError
 from ..tracker import PruneOutcome
 from . import queue_ring as sql
 from .layout import schema_name
-from .rings import QUEUE_RING, PruneResult, RingTickResult, RotateResult, run_ring_tick
+from .rings import QUEUE_RING, PruneResult, RingCursor, RingTickResult, RotateResult, run_ring_tick
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,7 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
     """Advance the cursor to the next slot if every child of it is empty;
     otherwise SkippedBusy naming the children that still hold rows."""
     schema = schema_name(ctx)
-    async with ctx.db.transaction() as conn:
-        await conn.execute(sql.READ_COMMITTED_SQL)
+    async with ctx.db.transaction(isolation=sql.READ_COMMITTED) as conn:
         state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
         current, generation, slot_count = (
             int(state["current_slot"]),
@@ -66,7 +65,12 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
         busy = await _fetch_one(conn, sql.children_busy_sql(schema, next_slot))
         blockers = {label: int(busy[label]) for label, _table in sql.QUEUE_SLOT_CHILDREN}
         if any(blockers.values()):
-            return RotateResult(rotated=False, slot=next_slot, blockers=blockers)
+            return RotateResult(
+                rotated=False,
+                slot=next_slot,
+                blockers=blockers,
+                cursor=RingCursor(current, generation, slot_count),
+            )
         advanced = await conn.fetchval(
             sql.ADVANCE_CURSOR_SQL.format(schema=schema),
             current,
@@ -76,7 +80,12 @@ async def rotate(ctx: MaintenanceContext) -> RotateResult:
         )
         if advanced is None:
             return RotateResult(rotated=False, slot=next_slot)
-        return RotateResult(rotated=True, slot=next_slot, generation=generation + 1)
+        return RotateResult(
+            rotated=True,
+            slot=next_slot,
+            generation=generation + 1,
+            cursor=RingCursor(next_slot, generation + 1, slot_count),
+        )
 
 
 async def _fetch_one(conn: Connection, query: str, *args: object) -> Any:
@@ -93,6 +102,7 @@ class _Blocked(Exception):
 
 async def prune(
     ctx: MaintenanceContext,
+    cursor: RingCursor | None = None,
     *,
     lock_timeout: float = PRUNE_LOCK_TIMEOUT,
     defer_idle_carry: bool = True,
@@ -103,11 +113,21 @@ async def prune(
     slot: the write cost of keeping them inside the retention floor) and the
     terminal counts folded into the rollups. ``defer_idle_carry=False``
     behaves as upstream (for measurements): carry even on an idle ring.
+
+    With the ``cursor`` a rotation just saw, an oldest slot without a heap
+    page (an idle ring's every tick) is a Noop after one statement outside
+    any transaction; everything else takes the locked path.
     """
     schema = schema_name(ctx)
+    if cursor is not None:
+        oldest = await ctx.db.fetchrow(sql.oldest_slot_clean_sql(schema), cursor.slot)
+        if oldest is None:
+            return PruneResult(PruneOutcome.NOOP)
+        if oldest["clean"]:
+            return PruneResult(PruneOutcome.NOOP, slot=int(oldest["slot"]))
     floor = max(0.0, float(ctx.config.failed_retention))
     try:
-        async with ctx.db.transaction() as conn:
+        async with ctx.db.transaction(isolation=sql.READ_COMMITTED) as conn:
             return await _prune_in_transaction(ctx, conn, schema, floor, lock_timeout, defer_idle_carry)
     except _Blocked as blocked:
         return PruneResult(PruneOutcome.BLOCKED, slot=blocked.args[0])
@@ -121,7 +141,6 @@ async def _prune_in_transaction(
     lock_timeout: float,
     defer_idle_carry: bool,
 ) -> PruneResult:
-    await conn.execute(sql.READ_COMMITTED_SQL)
     state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
     current, slot_count = int(state["current_slot"]), int(state["slot_count"])
     target = await conn.fetchrow(sql.OLDEST_SEALED_SLOT_SQL.format(schema=schema), current)

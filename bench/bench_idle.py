@@ -1,0 +1,216 @@
+"""An idle leader, awa_trio against upstream's (an awa-pg 0.6.1 runtime with
+one idle worker slot), on each engine, every branch at its default tick.
+
+Both leaders run at the same time, each on a fresh database of its own, so
+the noise of a shared machine falls on both alike. For each leader process,
+from /proc: CPU (user + system) over the whole run (start-up included) and
+from 5 s in, peak RSS, and wake-ups per second from 5 s in (voluntary
+context switches over all its threads: each time the process sleeps, it
+later wakes, and on this kind of machine a wake-up costs more CPU than the
+Python that runs after it); for each database, from pg_stat_database:
+transactions per second from 5 s in (every statement outside an explicit
+transaction is one; pg_stat_statements is not assumed to be loaded).
+
+    python bench/bench_idle.py [--seconds 120] [--engine canonical --engine queue_storage]
+                               [--server postgresql://postgres@localhost:5432]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from bench_leader import process_cost
+from bench_qs_sustained import admin, make_queue_storage_database
+
+ENGINES = ("canonical", "queue_storage")
+LEADERS = ("awa-pg", "awa_trio")
+STARTUP_SECONDS = 5.0
+
+# canonical_drain keeps a canonical install canonical; auto is the default
+# role, which on queue storage is what every Awa 0.6 runtime runs.
+AWA_PG_IDLE_LEADER = r"""
+import asyncio, signal, sys, awa
+async def main():
+    client = awa.AsyncClient(sys.argv[1])
+    @client.task(dict, kind="bench_idle", queue="bench_idle")
+    async def idle(job):
+        pass
+    await client.start([{"name": "bench_idle", "max_workers": 1}], storage_transition_role=sys.argv[2],
+                       leader_election_interval_ms=100)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await client.shutdown(timeout_ms=2000)
+asyncio.run(main())
+"""
+
+LEADER_LOCK_HELD_SQL = """
+    SELECT count(*) FROM pg_locks
+    WHERE locktype = 'advisory' AND granted
+      AND database = (SELECT oid FROM pg_database WHERE datname = $1)
+      AND (classid::bigint << 32 | objid::bigint) = 4708303813012965710
+"""
+
+TRANSACTIONS_SQL = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1"
+
+
+@dataclasses.dataclass
+class Sample:
+    cpu: float
+    peak_rss: float
+    wakeups: int
+    transactions: int
+
+
+@dataclasses.dataclass
+class LeaderRun:
+    database: str
+    process: subprocess.Popen
+    after_startup: Sample | None = None
+    end: Sample | None = None
+
+
+def voluntary_switches(pid: int) -> int:
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except FileNotFoundError:  # a thread that just ended
+            continue
+        total += next(
+            int(line.split()[1]) for line in status.splitlines() if line.startswith("voluntary_ctxt")
+        )
+    return total
+
+
+async def sample(conn: asyncpg.Connection, run: LeaderRun) -> Sample:
+    cpu, peak = process_cost(run.process.pid)
+    return Sample(
+        cpu,
+        peak,
+        voluntary_switches(run.process.pid),
+        int(await conn.fetchval(TRANSACTIONS_SQL, run.database)),
+    )
+
+
+async def make_database(server: str, engine: str) -> str:
+    if engine == "queue_storage":
+        name, _dsn = await make_queue_storage_database(server)
+        return name
+    import awa
+
+    name = f"awa_trio_bench_idle_{uuid.uuid4().hex[:8]}"
+    await admin(server, f'CREATE DATABASE "{name}"')
+    await awa.AsyncClient(f"{server}/{name}").migrate()
+    return name
+
+
+def start_leader(kind: str, engine: str, dsn: str) -> subprocess.Popen:
+    if kind == "awa_trio":
+        argv = [
+            sys.executable,
+            "-m",
+            "awa_trio",
+            "--database-url",
+            dsn,
+            "--leader-election-interval",
+            "100ms",
+            "--log-level",
+            "WARNING",
+        ]
+    else:
+        role = "auto" if engine == "queue_storage" else "canonical_drain"
+        argv = [sys.executable, "-c", AWA_PG_IDLE_LEADER, dsn, role]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def run_engine(server: str, engine: str, seconds: float) -> dict[str, LeaderRun]:
+    """Both leaders side by side on fresh databases of ``engine``."""
+    databases = {kind: await make_database(server, engine) for kind in LEADERS}
+    runs: dict[str, LeaderRun] = {}
+    conn = await asyncpg.connect(f"{server}/postgres")
+    try:
+        started = time.monotonic()
+        for kind in LEADERS:
+            runs[kind] = LeaderRun(databases[kind], start_leader(kind, engine, f"{server}/{databases[kind]}"))
+        for run in runs.values():
+            while await conn.fetchval(LEADER_LOCK_HELD_SQL, run.database) != 1:
+                if time.monotonic() - started > 60:
+                    raise TimeoutError(f"no leader on {run.database}")
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(max(0.0, started + STARTUP_SECONDS - time.monotonic()))
+        for run in runs.values():
+            run.after_startup = await sample(conn, run)
+        await asyncio.sleep(max(0.0, started + seconds - time.monotonic()))
+        for run in runs.values():
+            run.end = await sample(conn, run)
+        return runs
+    finally:
+        await conn.close()
+        for run in runs.values():
+            run.process.terminate()
+        for run in runs.values():
+            try:
+                run.process.wait(10)
+            except subprocess.TimeoutExpired:
+                run.process.kill()
+        for name in databases.values():
+            await admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def measures(run: LeaderRun, seconds: float) -> list[float]:
+    assert run.after_startup is not None and run.end is not None
+    window = seconds - STARTUP_SECONDS
+    return [
+        run.end.cpu,
+        run.end.cpu - run.after_startup.cpu,
+        run.end.peak_rss,
+        (run.end.wakeups - run.after_startup.wakeups) / window,
+        (run.end.transactions - run.after_startup.transactions) / window,
+    ]
+
+
+def print_table(engine: str, seconds: float, runs: dict[str, LeaderRun]) -> None:
+    labels = (
+        ("CPU, start-up included", "s", 2),
+        (f"CPU, from {STARTUP_SECONDS:g} s in", "s", 2),
+        ("peak RSS", "MiB", 1),
+        ("wake-ups per second", "/s", 1),
+        ("transactions per second", "/s", 1),
+    )
+    theirs, ours = measures(runs["awa-pg"], seconds), measures(runs["awa_trio"], seconds)
+    print(f"\nidle leader on {engine}, {seconds:g} s, default ticks, side by side\n")
+    print("| measure | awa-pg 0.6.1 | awa_trio | ratio |")
+    print("| --- | --- | --- | --- |")
+    for (label, unit, digits), their, our in zip(labels, theirs, ours, strict=True):
+        ratio = f"{our / their:.2f}x" if their else "-"
+        print(f"| {label} | {their:.{digits}f} {unit} | {our:.{digits}f} {unit} | {ratio} |")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=120)
+    parser.add_argument("--engine", action="append", choices=ENGINES)
+    parser.add_argument(
+        "--server", default=os.environ.get("AWA_TRIO_TEST_SERVER", "postgresql://postgres@localhost:5432")
+    )
+    args = parser.parse_args()
+    for engine in args.engine or ENGINES:
+        print_table(engine, args.seconds, await run_engine(args.server, engine, args.seconds))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
