@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -168,15 +169,6 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def _close_in_background(raw: asyncpg.Connection) -> None:
-    """asyncio task: close a connection politely, bounded (asyncpg aborts it
-    itself if that fails; nobody awaits this)."""
-    try:
-        await raw.close(timeout=CLEANUP_TIMEOUT)
-    except (Exception, asyncio.CancelledError) as exc:
-        log.debug("closing a discarded pooled connection failed: %s: %s", type(exc).__name__, exc)
-
-
 class _Pool:
     """Up to ``max_size`` pooled connections, the most recently returned
     lent first; one idle for ``idle_lifetime`` is closed (by
@@ -187,7 +179,8 @@ class _Pool:
     clean: the borrower finished, or the server refused a statement (the
     driver has read the whole reply by then), and no transaction is open.
     Anything else (a cancel mid-statement, a lost connection, an unexpected
-    error) closes it in the background (asyncpg first finishes sending the
+    error) is handed to :meth:`close_discarded_connections`, a task of the
+    database's nursery, which closes it (asyncpg first finishes sending the
     cancel request, so the statement stops on the server too): a later
     borrower never inherits a half-cancelled statement or an open
     transaction. awa_trio leaves no other session state
@@ -213,6 +206,9 @@ class _Pool:
         self._idle_lifetime = idle_lifetime
         self._returned = trio.Event()
         self._closed = False
+        # Connections to close: release() runs in finally blocks of cancelled
+        # tasks, so it only queues them; closing takes round trips.
+        self._discard, self._discarded = trio.open_memory_channel[asyncpg.Connection](math.inf)
 
     async def connect(self) -> asyncpg.Connection:
         raw = await _bridge(self._loop, asyncpg.connect, self._dsn, **self._connect_kwargs)
@@ -240,10 +236,21 @@ class _Pool:
         if clean and not self._closed and not raw.is_closed() and not raw.is_in_transaction():
             self._idle.append((raw, trio.current_time()))
             self._returned.set()
-        elif raw.is_closed():
-            _terminate(raw)  # finishes asyncpg's cleanup of a socket that is gone
+        elif raw.is_closed() or self._closed:
+            _terminate(raw)  # a socket that is gone, or nobody left to close it politely
         else:
-            self._loop.create_task(_close_in_background(raw))
+            self._discard.send_nowait(raw)
+
+    async def close_discarded_connections(self) -> None:
+        """Close each discarded connection politely, bounded, concurrently
+        (until cancelled; what is left then is aborted by :meth:`close`)."""
+
+        async def close_one(raw: asyncpg.Connection) -> None:
+            await Connection(raw, self._loop).close()
+
+        async with trio.open_nursery() as nursery:
+            async for raw in self._discarded:
+                nursery.start_soon(close_one, raw)
 
     async def close_idle_connections(self) -> None:
         """Close each connection once it has been idle for the lifetime
@@ -268,6 +275,11 @@ class _Pool:
         idle, self._idle = self._idle, []
         for raw, _returned_at in idle:
             await Connection(raw, self._loop).close()
+        while True:
+            try:
+                _terminate(self._discarded.receive_nowait())
+            except trio.WouldBlock:
+                break
 
 
 class Connection:
@@ -570,6 +582,7 @@ async def _open_database(
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(pool.close_idle_connections)
+                nursery.start_soon(pool.close_discarded_connections)
                 yield Database(pool, loop, dsn, connect_kwargs)
                 nursery.cancel_scope.cancel()
         finally:

@@ -164,3 +164,24 @@ async def test_errors_nobody_awaits_are_logged_and_the_database_stays_usable(db,
     assert await db.fetchval("SELECT 1") == 1
     assert ("database driver: Task exception was never retrieved: "
             "ConnectionError: unexpected connection_lost() call") in caplog.text
+
+
+async def test_a_connection_cancelled_mid_statement_is_closed_not_lent_again(db):
+    """The pool never lends a connection whose last statement was cancelled:
+    the next borrower gets a fresh session, and the database's own closer
+    task closes the old one on the server."""
+    doubtful = await db.fetchval("SELECT pg_backend_pid()")
+    with trio.move_on_after(0.3):
+        await db.fetchval("SELECT pg_backend_pid(), pg_sleep(30)")
+    assert await db.fetchval("SELECT pg_backend_pid()") != doubtful
+    with trio.fail_after(10):
+        while await db.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", doubtful):
+            await trio.sleep(0.05)
+
+
+async def test_a_connection_refused_a_statement_is_lent_again(db):
+    """A server error leaves the session clean (the reply was read whole)."""
+    session = await db.fetchval("SELECT pg_backend_pid()")
+    with pytest.raises(QueryError):
+        await db.fetchval("SELECT 1 / 0")
+    assert await db.fetchval("SELECT pg_backend_pid()") == session
