@@ -290,3 +290,12 @@ def test_matches_reads_last_weekday_and_nth_weekday():
     assert not expression.day_matches(2026, 1, 23)  # a Friday, not the last
     assert expression.day_matches(2026, 1, 12)  # the second Monday
     assert not expression.day_matches(2026, 1, 5)  # the first Monday
+
+
+@pytest.mark.parametrize("text", ["* * * 2/1,L * *", "0 0 2-31,L * *", "0 0 15,L * *"])
+def test_last_day_listed_with_other_days_never_matches_a_day_outside_them(text):
+    """croniter reads ``2,...,31,L`` as matching the 1st; the searches must not
+    (found by the brute-force property test)."""
+    expression = parse_cron_expression(text)
+    assert expression.next_match(datetime(2024, 1, 1)).day != 1
+    assert expression.prev_match(datetime(2024, 1, 1, 23, 59, 59)).month == 12

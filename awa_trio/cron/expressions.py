@@ -347,14 +347,17 @@ def _search_branches(fields: list[_ParsedField]) -> tuple[str, ...]:
 
     Each branch restricts at most one day field, so croniter's own
     day-of-month/day-of-week combination never comes into play; the OR is
-    the union of the branches, and ``#`` / ``L`` weekday atoms get one branch
-    each because croniter cannot list them next to plain weekdays.
+    the union of the branches, and ``#`` / ``L`` weekday atoms and the
+    last-day ``L`` get one branch each because croniter cannot list them
+    next to plain values.
     """
     times = [
         "*" if fields[index].is_any else _value_list(fields[index].values) for index in (SECOND, MINUTE, HOUR)
     ]
     month = "*" if fields[MONTH].is_any else _value_list(fields[MONTH].values)
     dom, dow = fields[DAY_OF_MONTH], fields[DAY_OF_WEEK]
+    # ``L`` gets a branch of its own too: croniter reads a list such as
+    # ``2,3,...,31,L`` as matching the 1st (found by the brute-force check).
     date_atoms = [_value_list(dom.values)] if dom.values else []
     if dom.last_day_of_month:
         date_atoms.append("L")
@@ -366,7 +369,7 @@ def _search_branches(fields: list[_ParsedField]) -> tuple[str, ...]:
     if dom.is_any and dow.is_any:
         day_pairs.append(("*", "*"))
     if not dom.is_any:
-        day_pairs.append((",".join(date_atoms), "*"))
+        day_pairs += [(atom, "*") for atom in date_atoms]
     if not dow.is_any:
         day_pairs += [("*", atom) for atom in weekday_atoms]
     return tuple(" ".join([*times, day, month, weekday]) for day, weekday in day_pairs)
