@@ -202,6 +202,31 @@ def table(title: str, header: list[str], rows: list[list[object]]) -> None:
     sys.stdout.flush()
 
 
+class TimedDatabase:
+    """The bridge's Database, recording how long each call of one method
+    took (the one the measured pass sends its batches with: one statement
+    each, so how long a batch held its row locks)."""
+
+    def __init__(self, db, timed_method: str):
+        self._db = db
+        self._timed_method = timed_method
+        self.durations: list[float] = []
+
+    def __getattr__(self, name):
+        method = getattr(self._db, name)
+        if name != self._timed_method:
+            return method
+
+        async def timed(*args):
+            started = time.perf_counter()
+            try:
+                return await method(*args)
+            finally:
+                self.durations.append(time.perf_counter() - started)
+
+        return timed
+
+
 # -- rates: the cleanup statement itself ---------------------------------------
 
 
@@ -217,26 +242,11 @@ def run_rates(dsn_rows: list[tuple[str, int]], batch_sizes: list[int]) -> list[l
     from awa_trio.metrics import MaintenanceMetrics
     from awa_trio.schema import check_schema
 
-    class TimedDatabase:
-        def __init__(self, db):
-            self._db = db
-            self.durations: list[float] = []
-
-        def __getattr__(self, name):
-            return getattr(self._db, name)
-
-        async def fetchrow(self, *args):
-            started = time.perf_counter()
-            try:
-                return await self._db.fetchrow(*args)
-            finally:
-                self.durations.append(time.perf_counter() - started)
-
     out = []
 
     async def one(dsn: str, rows: int, batch_size: int) -> None:
         async with open_database(dsn) as db:
-            timed = TimedDatabase(db)
+            timed = TimedDatabase(db, "fetchrow")
             config = MaintenanceConfig(cleanup_batch_size=batch_size, drain_time_budget="1h",
                                        cleanup_interval="2h")
             ctx = MaintenanceContext(db=timed, config=config, metrics=MaintenanceMetrics(None),
@@ -285,21 +295,6 @@ def run_other_batches(dsn: str, jobs: int) -> list[list[object]]:
     from awa_trio.metrics import MaintenanceMetrics
     from awa_trio.schema import check_schema
 
-    class TimedDatabase:
-        def __init__(self, db):
-            self._db = db
-            self.durations: list[float] = []
-
-        def __getattr__(self, name):
-            return getattr(self._db, name)
-
-        async def fetch(self, *args):
-            started = time.perf_counter()
-            try:
-                return await self._db.fetch(*args)
-            finally:
-                self.durations.append(time.perf_counter() - started)
-
     out = []
 
     async def main() -> None:
@@ -310,7 +305,7 @@ def run_other_batches(dsn: str, jobs: int) -> list[list[object]]:
                 ("priority_aging", WAITING_SQL, priority_aging, config.priority_aging_batch_size),
             ):
                 await db.execute(fill, jobs)
-                timed = TimedDatabase(db)
+                timed = TimedDatabase(db, "fetch")
                 ctx = MaintenanceContext(db=timed, config=config, metrics=MaintenanceMetrics(None),
                                          schema=await check_schema(db))
                 started = time.perf_counter()
