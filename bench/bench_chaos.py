@@ -46,9 +46,9 @@ from support.chaos import (
     fire_coverage,
     flap,
     job_outcomes,
-    lock_owner,
     missing_fires,
     produce_scheduled,
+    start_cluster,
 )
 
 from awa_trio.db import open_database
@@ -99,15 +99,7 @@ async def run(server: str, seconds: float, period: tuple[float, float], seed: in
         async with open_database(dsn, pool_size=3, application_name="bench admin") as admin:
             timeline, upstream = LockTimeline(admin, hz=20), UpstreamActivity(admin)
             async with trio.open_nursery() as nursery:
-                for member in members:
-                    await member.start(nursery)
-                with trio.fail_after(60):
-                    while await lock_owner(admin, members) is None:
-                        await trio.sleep(0.05)
-                await consumer.start(nursery)
-                await consumer.wait_ready()
-                for member in members:
-                    await member.wait_ready()
+                await start_cluster(admin, members, consumer, nursery, first_leader_within=60)
                 async with trio.open_nursery() as load:
                     load.start_soon(timeline.run)
                     load.start_soon(upstream.run)

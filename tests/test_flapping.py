@@ -27,8 +27,8 @@ from support.chaos import (
     fire_coverage,
     flap,
     job_outcomes,
-    lock_owner,
     produce_scheduled,
+    start_cluster,
     summarise,
 )
 
@@ -55,15 +55,7 @@ async def test_flapping_leadership_keeps_one_leader_cron_exact_and_every_job_pro
         timeline = LockTimeline(admin, hz=20)
         upstream = UpstreamActivity(admin)
         async with trio.open_nursery() as nursery:
-            for member in members:
-                await member.start(nursery)
-            with trio.fail_after(30):
-                while await lock_owner(admin, members) is None:
-                    await trio.sleep(0.05)
-            await consumer.start(nursery)
-            await consumer.wait_ready()
-            for member in members:
-                await member.wait_ready()
+            await start_cluster(admin, members, consumer, nursery, first_leader_within=30)
             async with trio.open_nursery() as load:
                 load.start_soon(timeline.run)
                 load.start_soon(upstream.run)

@@ -171,6 +171,21 @@ async def wait_for_new_holder(admin, old: set[int], timeout: float, poll: float 
             await trio.sleep(poll)
 
 
+async def start_cluster(admin, members: list[ManagedProcess], consumer: ManagedProcess,
+                        nursery: trio.Nursery, *, first_leader_within: float) -> None:
+    """Start every candidate, wait until one of them holds the lock, then the
+    consumer; return once all of them say they are ready."""
+    for member in members:
+        await member.start(nursery)
+    with trio.fail_after(first_leader_within):
+        while await lock_owner(admin, members) is None:
+            await trio.sleep(0.05)
+    await consumer.start(nursery)
+    await consumer.wait_ready()
+    for member in members:
+        await member.wait_ready()
+
+
 class LockTimeline:
     """pg_locks holders of the leader key sampled at ``hz`` (run it in a nursery)."""
 
