@@ -99,6 +99,17 @@ def is_row_data_error(exc: DatabaseError) -> bool:
     return isinstance(exc, QueryError) and (exc.sqlstate or "")[:2] in _ROW_DATA_SQLSTATE_CLASSES
 
 
+def row_level_refusal(exc: DatabaseError) -> str | None:
+    """Why a batched statement failed over one of its rows, for the log line
+    of the row-by-row retry (a unique-claim conflict, a row's data); None
+    when the error is not about a row and a retry row by row would not help."""
+    if isinstance(exc, UniqueViolation):
+        return "hit a unique-claim conflict"
+    if is_row_data_error(exc):
+        return "failed on a row's data"
+    return None
+
+
 def describe_error(exc: DatabaseError) -> str:
     """``[SQLSTATE] message`` for log lines (just the message without one)."""
     return f"[{exc.sqlstate}] {exc}" if exc.sqlstate else str(exc)

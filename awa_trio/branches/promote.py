@@ -26,7 +26,7 @@ import logging
 import trio
 
 from ..context import MaintenanceContext
-from ..db import ConnectionLost, DatabaseError, QueryError, UniqueViolation, describe_error, is_row_data_error
+from ..db import ConnectionLost, DatabaseError, QueryError, UniqueViolation, describe_error, row_level_refusal
 from ..hooks import JobCancelled
 from ..jobs import JOB_COLUMNS, JobRow
 from .unique_claims import holder_text, unique_claim_holder
@@ -199,11 +199,8 @@ async def promote_due_state(ctx: MaintenanceContext, state: str, result: Promote
         try:
             rows = await ctx.db.fetch(sql, PROMOTE_BATCH_SIZE)
         except QueryError as exc:
-            if isinstance(exc, UniqueViolation):
-                problem = "hit a unique-claim conflict"
-            elif is_row_data_error(exc):
-                problem = "failed on a row's data"
-            else:
+            problem = row_level_refusal(exc)
+            if problem is None:
                 raise
             log.warning(
                 "%s: a batch of %s jobs %s (%s); promoting row by row",

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 from ..config import DEFAULT_RESCUE_BATCH_SIZE
 from ..context import MaintenanceContext
-from ..db import ConnectionLost, DatabaseError, QueryError, UniqueViolation, describe_error, is_row_data_error
+from ..db import ConnectionLost, DatabaseError, QueryError, UniqueViolation, describe_error, row_level_refusal
 from ..drain import BatchOutcome, DrainBudget, drain
 from ..hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
 from ..jobs import JOB_COLUMNS, JobRow
@@ -295,11 +295,8 @@ async def rescue_batch(
     try:
         records = await ctx.db.fetch(sweep.batch_sql, *params, batch_size)
     except QueryError as exc:
-        if isinstance(exc, UniqueViolation):
-            problem = "hit a unique-claim conflict"
-        elif is_row_data_error(exc):
-            problem = "failed on a row's data"
-        else:
+        problem = row_level_refusal(exc)
+        if problem is None:
             raise
         log.warning(
             "%s: batched rescue %s (%s); retrying row by row", sweep.name, problem, describe_error(exc)
