@@ -10,6 +10,7 @@ from awa_trio.leadership import LOCK_KEY
 from awa_trio.queue_storage.queue_ring import QUEUE_SLOT_CHILDREN, child
 
 from .awa_pg import awa_pg_worker
+from .qs_load import EXACT_TERMINAL_SQL
 
 
 @asynccontextmanager
@@ -100,21 +101,9 @@ async def finish_jobs(dsn: str, db, client, kind: str, behaviour: str, job_ids) 
 
 
 async def exact_terminal_total(db, queue: str) -> int:
-    """Terminal jobs of ``queue`` as upstream's exact count reads them:
-    pruned rollups + folded live counters + pending deltas + receipt
-    completions not tombstoned."""
-    return int(await db.fetchval(
-        """
-        SELECT COALESCE((SELECT sum(pruned_completed_count + pruned_failed_count)
-                         FROM awa.queue_terminal_rollups WHERE queue = $1), 0)
-             + COALESCE((SELECT sum(live_terminal_count)
-                         FROM awa.queue_terminal_live_counts WHERE queue = $1), 0)
-             + COALESCE((SELECT sum(terminal_delta)
-                         FROM awa.queue_terminal_count_deltas WHERE queue = $1), 0)
-             + COALESCE((SELECT sum(completed_count)
-                         FROM awa.receipt_completion_batches WHERE queue = $1), 0)
-             - (SELECT count(*) FROM awa.receipt_completion_tombstones WHERE queue = $1)
-        """, queue))
+    """Terminal jobs of ``queue`` as upstream's exact count reads them
+    (see :data:`support.qs_load.EXACT_TERMINAL_SQL`)."""
+    return int(await db.fetchval(EXACT_TERMINAL_SQL, queue))
 
 
 async def pruned_rollups(db, queue: str) -> tuple[int, int]:
