@@ -302,7 +302,10 @@ class Connection:
 
     async def _call(self, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
         try:
-            return await _bridge(self._loop, func, *args, **kwargs)
+            # A statement sent while the driver still waits for an earlier
+            # cancel to settle waits inside asyncio.timeout, which needs a Task.
+            direct = not self._raw._protocol._is_cancelling()
+            return await _bridge(self._loop, func, *args, direct=direct, **kwargs)
         except ConnectionLost as exc:
             if _protocol_state_unknown(exc):
                 # Never send another statement into a confused protocol: the
@@ -344,7 +347,7 @@ class Connection:
             except trio.RunFinishedError:
                 pass
 
-        await self._call(self._raw.add_listener, channel, on_notification)
+        await _bridge(self._loop, self._raw.add_listener, channel, on_notification)
 
     def on_termination(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (in Trio, soon after) when the connection closes
@@ -375,20 +378,75 @@ class Connection:
         """Close politely, bounded and shielded; terminate if that fails."""
         with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
             try:
-                await self._call(self._raw.close, timeout=CLEANUP_TIMEOUT)
+                await _bridge(self._loop, self._raw.close, timeout=CLEANUP_TIMEOUT)
                 return
             except DatabaseError:
                 pass
         _terminate(self._raw)
 
 
+async def _drive(coro: Any) -> Any:
+    """Step an asyncio coroutine from the calling Trio task, as an
+    ``asyncio.Task`` would, without creating one.
+
+    A statement is one driver coroutine that waits on one protocol future at
+    a time. Wrapping it in a Task (``run_aio_coroutine``) costs a task
+    object and three extra trips through trio-asyncio's callback queue per
+    statement; an idle leader's cost is almost all such per-statement
+    overhead (README, idle cost). A Trio cancel cancels the future being
+    waited on, which is what ``Task.cancel`` does: the driver sees
+    ``CancelledError`` where it awaits, asks the server to cancel the query,
+    and the caller gets ``trio.Cancelled``. Later waits of the same call
+    (the driver's own cleanup) are not cancelled again, as in asyncio."""
+    task = trio.lowlevel.current_task()
+    raise_cancel: Callable[[], Any] | None = None
+
+    def wake(_future: Any) -> None:
+        trio.lowlevel.reschedule(task)
+
+    while True:
+        try:
+            future = coro.send(None)
+        except StopIteration as done:
+            if raise_cancel is not None:
+                raise_cancel()
+            return done.value
+        except asyncio.CancelledError:
+            if raise_cancel is not None:
+                raise_cancel()
+            raise
+        if future is None:  # a bare yield (asyncio.sleep(0))
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            continue
+        future._asyncio_future_blocking = False
+        future.add_done_callback(wake)
+
+        def abort(raise_cancel_arg: Callable[[], Any], future: Any = future) -> trio.lowlevel.Abort:
+            nonlocal raise_cancel
+            if raise_cancel is None:
+                raise_cancel = raise_cancel_arg
+                future.cancel()
+            return trio.lowlevel.Abort.FAILED  # wait for the future to settle
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+
 async def _bridge(
-    loop: trio_asyncio.TrioEventLoop, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
+    loop: trio_asyncio.TrioEventLoop,
+    func: Callable[..., Awaitable[Any]],
+    *args: Any,
+    direct: bool = False,
+    **kwargs: Any,
 ) -> Any:
     """Run one driver call; whatever the driver raises comes out as a
     :class:`DatabaseError` (see :func:`translate_error`), so no driver error
-    can end the service or look like a bug in a branch."""
+    can end the service or look like a bug in a branch. ``direct`` steps the
+    call from this Trio task (:func:`_drive`): for statements, which await
+    nothing but the connection's own futures. Connecting, closing and
+    listening run as asyncio tasks (they use timeouts and task identity)."""
     try:
+        if direct:
+            return await _drive(func(*args, **kwargs))
         return await loop.run_aio_coroutine(func(*args, **kwargs))
     except (trio.Cancelled, KeyboardInterrupt, SystemExit):
         raise
