@@ -5,6 +5,8 @@ say, promotion run every minute and cleanup four times a second)."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
@@ -19,17 +21,11 @@ from awa_trio.branches import (
     rescue_deadlines,
     rescue_heartbeats,
 )
-from awa_trio.branches.registry import (
-    CANONICAL_DRAIN,
-    PlaneResults,
-    both_planes,
-    canonical_branches,
-    default_branches,
-    queue_storage_branches,
-)
+from awa_trio.branches.registry import canonical_branches, default_branches
 from awa_trio.config import INTERVAL, MaintenanceConfig
 from awa_trio.cron import evaluate_cron_schedules, sync_periodic_jobs
 from awa_trio.db import QueryError
+from awa_trio.queue_storage.registry import CANONICAL_DRAIN, PlaneResults, both_planes, queue_storage_branches
 from awa_trio.schema import CANONICAL, QUEUE_STORAGE, SchemaInfo
 
 # Branch name -> (config field of its interval, its body).
@@ -195,3 +191,23 @@ async def test_a_bug_on_the_queue_storage_plane_still_lets_the_canonical_drain_r
     with pytest.raises(KeyError):
         await body(None)
     assert calls == ["qs", "c"]
+
+
+def test_a_canonical_leader_never_loads_the_queue_storage_modules_or_croniter():
+    """Start-up CPU is part of the idle cost: the canonical set, the CLI and
+    a cron-less leader must not import what only queue storage or a
+    schedule needs."""
+    script = (
+        "import sys\n"
+        "from awa_trio import cli\n"
+        "from awa_trio.branches.registry import default_branches\n"
+        "from awa_trio.config import MaintenanceConfig\n"
+        "from awa_trio.schema import CANONICAL, SchemaInfo\n"
+        "default_branches(MaintenanceConfig(), SchemaInfo(version=39, engine=CANONICAL))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('awa_trio.queue_storage', 'croniter'))))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
+    # The queue-storage set does load them, through the same registry call.
+    active = SchemaInfo(version=39, engine=QUEUE_STORAGE, state="active")
+    assert "rotate_queue" in {spec.name for spec in default_branches(MaintenanceConfig(), active)}

@@ -44,8 +44,10 @@ import dataclasses
 import functools
 import re
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
-from croniter import CroniterBadDateError, CroniterError, croniter
+if TYPE_CHECKING:
+    from croniter import croniter
 
 ONE_SECOND = timedelta(seconds=1)
 #: How far croniter may search for one match. Valid expressions fire at least
@@ -169,6 +171,8 @@ class CronExpression:
     def next_match(self, wall_clock: datetime) -> datetime | None:
         """The first matching wall-clock second at or after ``wall_clock``
         (naive, whole seconds); None if there is none within the search bound."""
+        from croniter import CroniterBadDateError  # loaded by the parse that built the searchers
+
         best = None
         start = wall_clock - ONE_SECOND  # croniter's get_next is strictly after
         for searcher in self._searchers:
@@ -182,6 +186,8 @@ class CronExpression:
 
     def prev_match(self, wall_clock: datetime) -> datetime | None:
         """The last matching wall-clock second at or before ``wall_clock``."""
+        from croniter import CroniterBadDateError
+
         best = None
         start = wall_clock + ONE_SECOND  # croniter's get_prev is strictly before
         for searcher in self._searchers:
@@ -401,6 +407,9 @@ def parse_cron_expression(text: str) -> CronExpression:
         )
     fields = [_parse_field(part, index) for index, part in enumerate(parts)]
     branches = _search_branches(fields)
+    # Imported here: a leader with no schedules never loads croniter.
+    from croniter import CroniterError, croniter
+
     try:
         searchers = tuple(
             croniter(
