@@ -31,6 +31,7 @@ from support.qs_claims import (
     RESET_CLAIM_PLANE_SQL,
     ROW_CLAIM_SQL,
     SET_CLAIM_RING_SQL,
+    WAITING_ON_LOCK_SQL,
     callback_worker,
     claim_closed,
     claim_slot_of,
@@ -440,7 +441,7 @@ async def test_lease_prune_waits_out_late_writers_and_readers_then_truncates(
 # --- both rings ---------------------------------------------------------------
 
 
-async def test_rotation_loses_the_compare_and_set_cleanly_when_another_rotator_moved_first(
+async def test_rotation_gives_way_at_once_when_another_rotator_holds_the_cursor(
     qs_db, qs_ctx, metric_reader
 ):
     db, ctx = qs_db, qs_ctx
@@ -448,16 +449,22 @@ async def test_rotation_loses_the_compare_and_set_cleanly_when_another_rotator_m
         current, generation, slot_count = await ring_cursor(db, ring)
         assert (current, generation) == (0, 0)
         # The other rotator has moved the cursor and not yet committed: our
-        # rotator reads (0, 0), finds slot 1 empty, and its update must wait.
+        # rotator reads (0, 0) and finds slot 1 empty, but must not wait for
+        # the cursor row while it holds the children's share locks. It reports
+        # a lost compare-and-set and leaves the move to the other one.
+        # The prune that follows does wait for the row (it holds no child
+        # lock while it waits): that wait is the sign the rotation gave way.
         other = await open_transaction(
             db, f"UPDATE awa.{ring}_ring_state SET current_slot = 1, generation = 1")
         outcome = {}
         async with trio.open_nursery() as nursery:
-            async def rotate(module=module, outcome=outcome):
+            async def tick(module=module, outcome=outcome):
                 outcome["result"] = await module.run_once(ctx)
-            nursery.start_soon(rotate)
-            await wait_for_lock_waiter(db, f"%UPDATE awa.{ring}_ring_state%")
+            nursery.start_soon(tick)
+            await wait_for_lock_waiter(db, f"%FROM awa.{ring}_ring_state%FOR UPDATE%")
+            rotate_waits = await db.fetchval(WAITING_ON_LOCK_SQL, "%SKIP LOCKED%")
             await finish(other)
+        assert not rotate_waits
         result = outcome["result"].rotate
         assert (result.rotated, result.slot, result.blockers) == (False, 1, {})
         assert await ring_cursor(db, ring) == (1, 1, slot_count)

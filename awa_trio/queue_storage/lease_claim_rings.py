@@ -50,40 +50,69 @@ LOCK_NOT_AVAILABLE = "55P03"
 #: "one straggler" from "a backlog", never a full scan of a big partition.
 ROW_COUNT_CAP = 1000
 
-#: Columns of the cursor in READ_CURSOR_AND_NEXT_SLOT_SQL; every other column
-#: is a blocker count.
-CURSOR_COLUMNS = ("current_slot", "generation", "slot_count")
+#: Columns of the cursor in ROTATE_SQL that are not blocker counts.
+CURSOR_COLUMNS = ("current_slot", "generation", "slot_count", "moved", "oldest_clean")
 
-# The cursor and what the slot after it still holds, in one round trip. The
-# counts ({busy_columns}) read the parent tables for the slot `next.slot`;
-# run-time partition pruning scans only that slot's children. A plain SELECT
-# never waits for the cursor row's lock.
-READ_CURSOR_AND_NEXT_SLOT_SQL = """
-    SELECT cursor.current_slot, cursor.generation, cursor.slot_count, busy.*
-    FROM {schema}.{ring}_ring_state AS cursor
-    CROSS JOIN LATERAL (
+# One round trip per tick: read the cursor, count what the slot after it still
+# holds ({busy_columns}, read from the parent tables for `next.slot`, so
+# run-time partition pruning scans only that slot's children), and move the
+# cursor only if that slot is empty and nobody moved the cursor since it was
+# read (the compare-and-set on slot and generation). The moved cursor stamps
+# its slot row with the generation it now holds, as the queue ring does.
+#
+# The cursor row is locked SKIP LOCKED: a prune holding it (ours runs after
+# the rotation, a foreign leader's at any time) makes the tick a lost
+# compare-and-set, tried again next tick, so the statement never waits on
+# that row while holding the children's share locks. Rows committed while it
+# ran can only be in the current slot, never in the one it checks.
+#
+# The prune that follows wants to know whether the slot that will then be the
+# oldest sealed one has anything to reclaim ({oldest_clean}, over
+# `oldest.slot`): asked here, it costs the idle tick no statement of its own.
+ROTATE_SQL = """
+    WITH cursor AS (
+        SELECT current_slot, generation, slot_count, (current_slot + 1) % slot_count AS next_slot
+        FROM {schema}.{ring}_ring_state
+        WHERE singleton
+    ),
+    busy AS (
         SELECT {busy_columns}
-        FROM (SELECT (cursor.current_slot + 1) % cursor.slot_count AS slot) AS next
-    ) AS busy
-    WHERE cursor.singleton
-"""
-
-# Moves the cursor only if nobody moved it since we read it, and stamps the
-# slot row with the generation it now holds (as the queue ring does).
-ADVANCE_CURSOR_SQL = """
-    WITH moved AS (
-        UPDATE {schema}.{ring}_ring_state
-        SET current_slot = $1, generation = $2
-        WHERE singleton AND current_slot = $3 AND generation = $4
-        RETURNING current_slot, generation
+        FROM (SELECT next_slot AS slot FROM cursor) AS next
+    ),
+    locked AS (
+        SELECT singleton FROM {schema}.{ring}_ring_state WHERE singleton FOR UPDATE SKIP LOCKED
+    ),
+    moved AS (
+        UPDATE {schema}.{ring}_ring_state AS state
+        SET current_slot = cursor.next_slot, generation = cursor.generation + 1
+        FROM cursor, busy, locked
+        WHERE state.singleton
+          AND state.current_slot = cursor.current_slot
+          AND state.generation = cursor.generation
+          AND {slot_is_empty}
+        RETURNING state.current_slot, state.generation, state.slot_count
     ),
     stamped AS (
         UPDATE {schema}.{ring}_ring_slots AS slots
         SET generation = moved.generation
         FROM moved
         WHERE slots.slot = moved.current_slot
+    ),
+    oldest AS (
+        -- The oldest slot that has been current and is not now, once moved
+        -- (oldest_sealed_slot, in SQL).
+        SELECT ((moved.current_slot - (least(moved.generation + 1, moved.slot_count) - 1))
+                % moved.slot_count + moved.slot_count) % moved.slot_count AS slot
+        FROM moved
+        WHERE least(moved.generation + 1, moved.slot_count) > 1
     )
-    SELECT current_slot, generation, {oldest_clean} AS oldest_clean FROM moved
+    SELECT coalesce(moved.current_slot, cursor.current_slot) AS current_slot,
+           coalesce(moved.generation, cursor.generation) AS generation,
+           cursor.slot_count,
+           moved.current_slot IS NOT NULL AS moved,
+           (SELECT ({oldest_clean}) FROM oldest) AS oldest_clean,
+           busy.*
+    FROM cursor CROSS JOIN busy LEFT JOIN moved ON true
 """
 
 # Serialises the prune with rotation (and any other prune) for its whole
@@ -124,9 +153,16 @@ def bounded_rows_in_next_slot(parent: str, slot_column: str) -> str:
     )
 
 
-def heap_pages_sql(tables: list[str]) -> str:
-    """SQL expression: total heap size of ``tables`` (0 = nothing to reclaim)."""
-    return " + ".join(f"pg_relation_size('{table}'::regclass)" for table in tables)
+def heap_pages_sql(parents: list[str]) -> str:
+    """SQL expression: total heap size of slot ``{slot}``'s children of
+    ``parents`` (0 = nothing to reclaim). Looked up by name in pg_class, so
+    ``{slot}`` may be an expression: ROTATE_SQL asks it of a slot that only
+    the statement itself knows."""
+    names = ", ".join(f"'{parent}_' || ({{slot}})" for parent in parents)
+    return (
+        "(SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child "
+        f"WHERE child.relnamespace = '{{schema}}'::regnamespace AND child.relname IN ({names}))"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,11 +176,14 @@ class RingTables:
     #: Parent tables whose ``<parent>_<slot>`` children make up one slot.
     children: tuple[str, ...]
     #: Columns named by upstream's blocker labels, each the rows found in the
-    #: slot about to become current (see READ_CURSOR_AND_NEXT_SLOT_SQL).
+    #: slot about to become current (see ROTATE_SQL).
     busy_columns: str
+    #: Those labels: the slot is empty when every one of them is 0.
+    busy_labels: tuple[str, ...]
     #: Live rows that make truncating the slot unsafe (0 = safe).
     live_sql: str
-    #: True when the slot holds nothing to reclaim (prune is then a Noop).
+    #: True when the slot holds nothing to reclaim (prune is then a Noop);
+    #: over ``{schema}`` and ``{slot}`` only, which may be an expression.
     clean_sql: str
     #: SkipReason labels: slot is the current one / slot still holds live rows.
     current_reason: str
@@ -175,13 +214,21 @@ def oldest_sealed_slot(current_slot: int, generation: int, slot_count: int) -> t
 async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResult:
     """Advance the ring's cursor onto the next slot if that slot is empty."""
     schema = schema_name(ctx)
-    read_sql = READ_CURSOR_AND_NEXT_SLOT_SQL.format(
-        schema=schema, ring=tables.ring, busy_columns=tables.busy_columns.format(schema=schema)
+    slot_is_empty = " AND ".join(f'busy."{label}" = 0' for label in tables.busy_labels)
+    rotate_sql = ROTATE_SQL.format(
+        schema=schema,
+        ring=tables.ring,
+        busy_columns=tables.busy_columns.format(schema=schema),
+        slot_is_empty=slot_is_empty,
+        oldest_clean=tables.clean_sql.format(schema=schema, slot="oldest.slot").strip(),
     )
-    [cursor] = await ctx.db.fetch(read_sql)
-    current, generation, slot_count = (int(cursor[column]) for column in CURSOR_COLUMNS)
+    [row] = await ctx.db.fetch(rotate_sql)
+    current, generation, slot_count = (int(row[column]) for column in CURSOR_COLUMNS[:3])
+    if row["moved"]:
+        cursor = RingCursor(current, generation, slot_count, oldest_clean=row["oldest_clean"])
+        return RotateResult(rotated=True, slot=current, generation=generation, cursor=cursor)
     next_slot = (current + 1) % slot_count
-    blockers = {label: int(count) for label, count in cursor.items() if label not in CURSOR_COLUMNS}
+    blockers = {label: int(count) for label, count in row.items() if label not in CURSOR_COLUMNS}
     if any(blockers.values()):
         return RotateResult(
             rotated=False,
@@ -189,30 +236,8 @@ async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResu
             blockers=blockers,
             cursor=RingCursor(current, generation, slot_count),
         )
-
-    # The prune that follows wants to know whether the slot that will then be
-    # the oldest sealed one has anything to reclaim: asked here, it costs
-    # the idle tick no statement of its own. Checked only once the cursor
-    # row is ours, so no child lock is held while waiting for it.
-    oldest_after = oldest_sealed_slot(next_slot, generation + 1, slot_count)
-    oldest_clean = (
-        "NULL::boolean"
-        if oldest_after is None
-        else f"({tables.fill(tables.clean_sql, schema, oldest_after[0]).strip()})"
-    )
-    moved = await ctx.db.fetchrow(
-        ADVANCE_CURSOR_SQL.format(schema=schema, ring=tables.ring, oldest_clean=oldest_clean),
-        next_slot,
-        generation + 1,
-        current,
-        generation,
-    )
-    if moved is None:
-        # Another rotator moved the cursor since we read it.
-        return RotateResult(rotated=False, slot=next_slot, blockers={})
-    slot, generation = int(moved["current_slot"]), int(moved["generation"])
-    cursor_after = RingCursor(slot, generation, slot_count, oldest_clean=moved["oldest_clean"])
-    return RotateResult(rotated=True, slot=slot, generation=generation, cursor=cursor_after)
+    # Another rotator moved the cursor since we read it.
+    return RotateResult(rotated=False, slot=next_slot, blockers={})
 
 
 async def prune_oldest(

@@ -87,21 +87,83 @@ LOCK_RING_STATE_SQL = """
     FOR UPDATE
 """
 
-# Compare-and-set on (slot, generation): under the row lock it cannot lose,
-# but a stale read can never move the cursor twice.
-ADVANCE_CURSOR_SQL = """
-    WITH advanced AS (
-        UPDATE {schema}.queue_ring_state
-        SET current_slot = $3, generation = $4
-        WHERE singleton AND current_slot = $1 AND generation = $2
-        RETURNING current_slot, generation
+
+def rotate_sql(schema: str) -> str:
+    """One round trip per tick: read the cursor, ask whether each child of
+    the slot after it holds a row (presence only, through the parent tables
+    with the slot as partition key, so only that slot's children are read),
+    and move the cursor if none does: a compare-and-set on (slot,
+    generation) that also stamps the slot row with its new generation.
+
+    The ring-state row is locked ``SKIP LOCKED``: a prune or rollup holding
+    it (ours run in other actors, a foreign leader's anywhere) makes this
+    tick a lost compare-and-set, tried again next tick, so the statement
+    never waits on that row while it holds the children's share locks.
+    Rows committed while it ran can only have gone into the current slot
+    (producers write there, prune carries rows there), never into the slot
+    it checks, so one snapshot is enough.
+
+    Once moved, it also finds the oldest sealed slot (as
+    OLDEST_SEALED_SLOT_SQL: the slot rows it reads are those before its own
+    stamp, and the new current slot is excluded anyway) and whether that
+    slot's children are without a heap page, for the prune that follows."""
+    busy = ",\n               ".join(
+        f'EXISTS (SELECT 1 FROM {schema}.{table} WHERE ready_slot = cursor.next_slot) AS "{label}"'
+        for label, table in QUEUE_SLOT_CHILDREN
     )
-    UPDATE {schema}.queue_ring_slots AS slots
-    SET generation = advanced.generation
-    FROM advanced
-    WHERE slots.slot = advanced.current_slot
-    RETURNING slots.slot
+    any_busy = " OR ".join(f'busy."{label}"' for label, _table in QUEUE_SLOT_CHILDREN)
+    sizes = "\n             + ".join(
+        "(SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child "
+        f"WHERE child.relnamespace = '{schema}'::regnamespace AND child.relname = '{table}_' || oldest.slot)"
+        for _label, table in QUEUE_SLOT_CHILDREN
+    )
+    return f"""
+    WITH cursor AS (
+        SELECT current_slot, generation, slot_count, (current_slot + 1) % slot_count AS next_slot
+        FROM {schema}.queue_ring_state
+        WHERE singleton
+    ),
+    busy AS (
+        SELECT {busy}
+        FROM cursor
+    ),
+    locked AS (
+        SELECT singleton FROM {schema}.queue_ring_state WHERE singleton FOR UPDATE SKIP LOCKED
+    ),
+    moved AS (
+        UPDATE {schema}.queue_ring_state AS state
+        SET current_slot = cursor.next_slot, generation = cursor.generation + 1
+        FROM cursor, busy, locked
+        WHERE state.singleton
+          AND state.current_slot = cursor.current_slot
+          AND state.generation = cursor.generation
+          AND NOT ({any_busy})
+        RETURNING state.current_slot, state.generation
+    ),
+    stamped AS (
+        UPDATE {schema}.queue_ring_slots AS slots
+        SET generation = moved.generation
+        FROM moved
+        WHERE slots.slot = moved.current_slot
+    ),
+    oldest AS (
+        SELECT slots.slot
+        FROM {schema}.queue_ring_slots AS slots, moved
+        WHERE slots.generation >= 0 AND slots.slot <> moved.current_slot
+        ORDER BY slots.generation, slots.slot
+        LIMIT 1
+    )
+    SELECT cursor.current_slot, cursor.generation, cursor.slot_count,
+           moved.current_slot IS NOT NULL AS moved,
+           oldest.slot AS oldest_slot,
+           {sizes} = 0 AS oldest_clean,
+           busy.*
+    FROM cursor
+    CROSS JOIN busy
+    LEFT JOIN moved ON true
+    LEFT JOIN oldest ON true
 """
+
 
 # The oldest sealed slot: every initialised slot but the current one, by age.
 OLDEST_SEALED_SLOT_SQL = """

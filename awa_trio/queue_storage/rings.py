@@ -36,6 +36,9 @@ class RingCursor:
     #: Whether the oldest sealed slot of this cursor held nothing to reclaim,
     #: when the rotation's statement checked it on the way (None: not checked).
     oldest_clean: bool | None = None
+    #: That slot, where the ring finds it by age (the queue ring) rather
+    #: than from the cursor alone (None: not looked up).
+    oldest_slot: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

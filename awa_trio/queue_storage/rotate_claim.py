@@ -99,7 +99,7 @@ CLAIM_OPEN_SQL = """
 #: No heap page in any child and rescue cursors already at their start: a
 #: truncate would reclaim nothing.
 CLAIM_CLEAN_SQL = f"""
-    SELECT {heap_pages_sql([f"{{{child}}}" for child in CLAIM_CHILDREN])} = 0
+    SELECT {heap_pages_sql(list(CLAIM_CHILDREN))} = 0
        AND EXISTS (
            SELECT 1 FROM {{schema}}.claim_ring_slots
            WHERE slot = {{slot}}
@@ -128,6 +128,7 @@ CLAIM_RING_TABLES = RingTables(
     ring=CLAIM_RING,
     children=CLAIM_CHILDREN,
     busy_columns=CLAIM_BUSY_COLUMNS,
+    busy_labels=("claim.rows", "claim.closure_rows", "claim.closure_batch_rows"),
     live_sql=CLAIM_OPEN_SQL,
     clean_sql=CLAIM_CLEAN_SQL,
     current_reason="claim.current",

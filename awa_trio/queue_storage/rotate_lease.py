@@ -38,13 +38,14 @@ LEASE_LIVE_SQL = f"""
 
 #: No heap page at all: a truncate would reclaim nothing.
 LEASE_CLEAN_SQL = f"""
-    SELECT {heap_pages_sql(["{leases}"])} = 0
+    SELECT {heap_pages_sql(["leases"])} = 0
 """
 
 LEASE_RING_TABLES = RingTables(
     ring=LEASE_RING,
     children=("leases",),
     busy_columns=LEASE_BUSY_COLUMNS,
+    busy_labels=("lease.rows",),
     live_sql=LEASE_LIVE_SQL,
     clean_sql=LEASE_CLEAN_SQL,
     current_reason="lease.current",

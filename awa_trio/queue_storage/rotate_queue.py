@@ -29,7 +29,7 @@ import logging
 from typing import Any
 
 from ..context import MaintenanceContext
-from ..db import Connection, QueryError
+from ..db import Connection, Database, QueryError
 from ..tracker import PruneOutcome
 from . import queue_ring as sql
 from .layout import schema_name
@@ -52,43 +52,38 @@ async def run_once(ctx: MaintenanceContext) -> RingTickResult:
 
 async def rotate(ctx: MaintenanceContext) -> RotateResult:
     """Advance the cursor to the next slot if every child of it is empty;
-    otherwise SkippedBusy naming the children that still hold rows."""
-    schema = schema_name(ctx)
-    async with ctx.db.transaction(isolation=sql.READ_COMMITTED) as conn:
-        state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
-        current, generation, slot_count = (
-            int(state["current_slot"]),
-            int(state["generation"]),
-            int(state["slot_count"]),
-        )
-        next_slot = (current + 1) % slot_count
-        busy = await _fetch_one(conn, sql.children_busy_sql(schema, next_slot))
-        blockers = {label: int(busy[label]) for label, _table in sql.QUEUE_SLOT_CHILDREN}
-        if any(blockers.values()):
-            return RotateResult(
-                rotated=False,
-                slot=next_slot,
-                blockers=blockers,
-                cursor=RingCursor(current, generation, slot_count),
-            )
-        advanced = await conn.fetchval(
-            sql.ADVANCE_CURSOR_SQL.format(schema=schema),
-            current,
-            generation,
+    otherwise SkippedBusy naming the children that still hold rows. One
+    statement (:func:`.queue_ring.rotate_sql`)."""
+    row = await _fetch_one(ctx.db, sql.rotate_sql(schema_name(ctx)))
+    current, generation, slot_count = (
+        int(row["current_slot"]),
+        int(row["generation"]),
+        int(row["slot_count"]),
+    )
+    next_slot = (current + 1) % slot_count
+    if row["moved"]:
+        oldest_slot = row["oldest_slot"]
+        cursor = RingCursor(
             next_slot,
             generation + 1,
+            slot_count,
+            oldest_clean=None if oldest_slot is None else bool(row["oldest_clean"]),
+            oldest_slot=None if oldest_slot is None else int(oldest_slot),
         )
-        if advanced is None:
-            return RotateResult(rotated=False, slot=next_slot)
+        return RotateResult(rotated=True, slot=next_slot, generation=generation + 1, cursor=cursor)
+    blockers = {label: int(row[label]) for label, _table in sql.QUEUE_SLOT_CHILDREN}
+    if any(blockers.values()):
         return RotateResult(
-            rotated=True,
+            rotated=False,
             slot=next_slot,
-            generation=generation + 1,
-            cursor=RingCursor(next_slot, generation + 1, slot_count),
+            blockers=blockers,
+            cursor=RingCursor(current, generation, slot_count),
         )
+    # Moved by another rotator since read, or its row held by a prune or rollup.
+    return RotateResult(rotated=False, slot=next_slot)
 
 
-async def _fetch_one(conn: Connection, query: str, *args: object) -> Any:
+async def _fetch_one(conn: Connection | Database, query: str, *args: object) -> Any:
     """The one row ``query`` always returns."""
     row = await conn.fetchrow(query, *args)
     if row is None:  # pragma: no cover - the queries above always return a row
@@ -119,7 +114,11 @@ async def prune(
     any transaction; everything else takes the locked path.
     """
     schema = schema_name(ctx)
-    if cursor is not None:
+    if cursor is not None and cursor.oldest_clean is not None and cursor.oldest_slot is not None:
+        # The rotation's statement looked already.
+        if cursor.oldest_clean:
+            return PruneResult(PruneOutcome.NOOP, slot=cursor.oldest_slot)
+    elif cursor is not None:
         oldest = await ctx.db.fetchrow(sql.oldest_slot_clean_sql(schema), cursor.slot)
         if oldest is None:
             return PruneResult(PruneOutcome.NOOP)
