@@ -42,9 +42,13 @@ log = logging.getLogger(__name__)
 #: How long shielded cleanup (rollback, release, close) may take after a cancel.
 CLEANUP_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 10.0
-#: A pooled connection idle this long is closed (a leader's busy branches
-#: keep theirs; a follower, which uses the pool for nothing, ends up with none).
-IDLE_CONNECTION_LIFETIME = 10.0
+#: A pooled connection idle this long is closed. Longer than any default
+#: branch interval (60 s): the branches that tick together every 30 or 60 s
+#: reuse their connections instead of opening new ones each time (with 10 s,
+#: an idle leader opened a connection every 7.5 s). A service that is not
+#: leading drops its idle connections at once (Database.drop_idle_connections),
+#: so a follower holds only its election connection.
+IDLE_CONNECTION_LIFETIME = 300.0
 
 
 def _process_identity() -> str:
@@ -250,6 +254,12 @@ class _Pool:
         elif raw.is_closed() or self._closed:
             _terminate(raw)  # a socket that is gone, or nobody left to close it politely
         else:
+            self._discard.send_nowait(raw)
+
+    def drop_idle_connections(self) -> None:
+        """Close every idle connection now (through the discard task)."""
+        idle, self._idle = self._idle, []
+        for raw, _returned_at in idle:
             self._discard.send_nowait(raw)
 
     async def close_discarded_connections(self) -> None:
@@ -500,6 +510,12 @@ class Database:
     async def _call(self, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
         return await _bridge(self._loop, func, *args, **kwargs)
 
+    def drop_idle_connections(self) -> None:
+        """Close the pool's idle connections now, not when they idle out: a
+        service calls this whenever it is not leading, so that a follower
+        holds no connection but its election one."""
+        self._pool.drop_idle_connections()
+
     async def _pooled(self, method: str, sql: str, args: tuple[Any, ...]) -> Any:
         """One statement on a borrowed connection (``acquire`` without the
         context manager: the path every single-statement pass takes)."""
@@ -641,9 +657,8 @@ async def _open_database(
         loop.set_exception_handler(_log_orphaned_error)
         pool = _Pool(loop, dsn, connect_kwargs, pool_size, idle_connection_lifetime)
         try:
-            # One connection at start so a bad server shows at once; it idles
-            # out like any other, so a follower holds only its election
-            # connection.
+            # One connection at start so a bad server shows at once (a
+            # service drops it once it knows it is following).
             pool.release(await pool.acquire(), clean=True)
         except (ValueError, asyncpg.ClientConfigurationError) as exc:
             # asyncpg's DSN parser reports malformed URLs as ValueError.

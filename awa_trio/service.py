@@ -239,14 +239,19 @@ class MaintenanceService:
                     self._term += 1
                     CURRENT_TERM.set(self._term)
                     self._term_started_at = time.time()
-                    await run_leader_term(
-                        ctx,
-                        self._select_branches,
-                        on_term_start=self._on_term_start,
-                        on_storage_seen=self._on_storage_seen,
-                        task_status=task_status,
-                    )
+                    try:
+                        await run_leader_term(
+                            ctx,
+                            self._select_branches,
+                            on_term_start=self._on_term_start,
+                            on_storage_seen=self._on_storage_seen,
+                            task_status=task_status,
+                        )
+                    finally:
+                        # Following from here: keep only the election connection.
+                        db.drop_idle_connections()
 
+                db.drop_idle_connections()  # the start-up checks' connection
                 elector = self._elector = LeaderElector(db, self.config, self._state, lead)
                 try:
                     async with trio.open_nursery() as nursery:

@@ -185,3 +185,30 @@ async def test_a_connection_refused_a_statement_is_lent_again(db):
     with pytest.raises(QueryError):
         await db.fetchval("SELECT 1 / 0")
     assert await db.fetchval("SELECT pg_backend_pid()") == session
+
+
+async def test_pooled_connections_outlive_a_ten_second_lull(database_url):
+    """Branches that tick together every 30 or 60 s find their connections
+    still open (an idle leader used to reconnect every 7.5 s)."""
+    async with open_database(database_url, pool_size=3) as db:
+
+        async def backend(pids):
+            async with db.acquire() as conn:
+                pids.add(conn.backend_pid)
+                await trio.sleep(0.2)  # all three borrowed at once
+
+        async def burst():
+            pids: set[int] = set()
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(backend, pids)
+            return pids
+
+        first = await burst()
+        await trio.sleep(11)
+        assert await burst() == first
+        db.drop_idle_connections()
+        with trio.fail_after(5):
+            while await db.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])",
+                                    list(first)):
+                await trio.sleep(0.05)

@@ -1,6 +1,7 @@
 """Leader election on the real advisory lock: one leader, failover, handover,
 and a mixed fleet with a real awa-pg 0.6.1 runtime."""
 
+import dataclasses
 import logging
 
 import trio
@@ -9,8 +10,8 @@ from support.helpers import leader_lock_holders
 from support.probes import BodyRecorder, assert_bodies_ran_only_while_leading, wait_for_any_leader
 
 from awa_trio import MaintenanceConfig, MaintenanceService
-from awa_trio.db import CLEANUP_TIMEOUT, ConnectionLost
-from awa_trio.leadership import LOCK_KEY, LeaderElector, LeadershipState
+from awa_trio.db import CLEANUP_TIMEOUT, ConnectionLost, open_database
+from awa_trio.leadership import LOCK_APPLICATION_NAME, LOCK_KEY, LeaderElector, LeadershipState
 
 ELECTION = 0.2
 CHECK = 0.3
@@ -339,3 +340,52 @@ def test_lock_keepalive_settings_add_up_to_the_budget():
         total = int(settings["tcp_keepalives_idle"]) + 4 * int(settings["tcp_keepalives_interval"])
         assert abs(total - budget) <= 2
         assert settings["tcp_user_timeout"] == str(budget * 1000)
+
+
+SERVICE_SESSIONS_SQL = """
+    SELECT application_name FROM pg_stat_activity
+    WHERE datname = current_database() AND application_name LIKE 'awa_trio%'
+    ORDER BY application_name
+"""
+
+
+async def test_a_deposed_leader_keeps_only_its_election_connection(database_url):
+    """Leading, branches that tick together share the pool's connections;
+    once deposed, the service drops them at once (not when they idle out)."""
+    bursty = dataclasses.replace(
+        FAST,
+        heartbeat_rescue_interval=0.1,
+        deadline_rescue_interval=0.1,
+        callback_rescue_interval=0.1,
+        queue_stats_interval=0.1,
+        cleanup_interval=0.1,
+    )
+    service = MaintenanceService(database_url, bursty)
+    async with open_database(database_url, pool_size=2, application_name="test admin") as admin:
+
+        async def sessions():
+            return [row["application_name"] for row in await admin.fetch(SERVICE_SESSIONS_SQL)]
+
+        taker = await admin.connect_dedicated(application_name="test lock taker")
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run)
+                with trio.fail_after(10):
+                    await service.wait_until_leader()
+                    while len(await sessions()) < 3:  # the lock's and two pooled, at least
+                        await trio.sleep(0.02)
+                nursery.start_soon(taker.fetchval, "SELECT pg_advisory_lock($1)", LOCK_KEY)
+                with trio.fail_after(5):
+                    while not await admin.fetchval(
+                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND application_name = 'test lock taker')"
+                    ):
+                        await trio.sleep(0.02)
+                await admin.execute("SELECT pg_terminate_backend($1)", service.lock_backend_pid)
+                with trio.fail_after(5):
+                    await service.wait_until_follower()
+                    while await sessions() != [LOCK_APPLICATION_NAME]:
+                        await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+        finally:
+            await taker.close()

@@ -145,9 +145,9 @@ async def test_a_follower_holds_no_snapshot_no_lock_wait_and_one_connection(data
         follower = MaintenanceService(database_url, MaintenanceConfig())
         async with trio.open_nursery() as nursery:
             await nursery.start(follower.run)
-            # The pool's start-up connection idles out (10 s); from then on the
-            # election connection is the follower's only one.
-            with trio.fail_after(30):
+            # The pool's start-up connection is dropped once the service
+            # follows; from then on the election connection is its only one.
+            with trio.fail_after(10):
                 while [row["application_name"] for row in await admin.fetch(
                         "SELECT application_name FROM pg_stat_activity "
                         "WHERE datname = current_database() AND application_name LIKE 'awa_trio%'"
