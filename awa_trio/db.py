@@ -411,8 +411,15 @@ async def _drive(coro: Any) -> Any:
     task = trio.lowlevel.current_task()
     raise_cancel: Callable[[], Any] | None = None
 
+    aborting = False
+
     def wake(_future: Any) -> None:
-        trio.lowlevel.reschedule(task)
+        if aborting:  # inside abort() below: Trio wants the reschedule after it
+            trio.lowlevel.current_trio_token().run_sync_soon(trio.lowlevel.reschedule, task)
+        else:
+            trio.lowlevel.reschedule(task)
+
+    wake.runs_inline = True  # type: ignore[attr-defined]  # see _run_wakes_inline
 
     while True:
         try:
@@ -432,10 +439,14 @@ async def _drive(coro: Any) -> Any:
         future.add_done_callback(wake)
 
         def abort(raise_cancel_arg: Callable[[], Any], future: Any = future) -> trio.lowlevel.Abort:
-            nonlocal raise_cancel
+            nonlocal raise_cancel, aborting
             if raise_cancel is None:
                 raise_cancel = raise_cancel_arg
-                future.cancel()
+                aborting = True
+                try:
+                    future.cancel()
+                finally:
+                    aborting = False
             return trio.lowlevel.Abort.FAILED  # wait for the future to settle
 
         await trio.lowlevel.wait_task_rescheduled(abort)
@@ -649,12 +660,30 @@ def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
     return exc
 
 
+def _run_wakes_inline(loop: trio_asyncio.TrioEventLoop) -> None:
+    """A settled future schedules its callbacks with ``loop.call_soon``; on
+    trio-asyncio each is one more pass of Trio's scheduler before it runs.
+    :func:`_drive`'s callback only reschedules a Trio task (no asyncio code
+    runs in it, so nothing can re-enter), so it runs at once instead: one
+    scheduler pass less per statement."""
+    queue_soon = loop.call_soon
+
+    def call_soon(callback: Callable[..., Any], *args: Any, context: Any = None) -> Any:
+        if getattr(callback, "runs_inline", False):
+            callback(*args)
+            return None
+        return queue_soon(callback, *args, context=context)
+
+    loop.call_soon = call_soon
+
+
 @asynccontextmanager
 async def _open_database(
     dsn: str, pool_size: int, idle_connection_lifetime: float, connect_kwargs: dict[str, Any]
 ) -> AsyncIterator[Database]:
     async with trio_asyncio.open_loop() as loop:
         loop.set_exception_handler(_log_orphaned_error)
+        _run_wakes_inline(loop)
         pool = _Pool(loop, dsn, connect_kwargs, pool_size, idle_connection_lifetime)
         try:
             # One connection at start so a bad server shows at once (a

@@ -11,6 +11,12 @@ Python that runs after it); for each database, from pg_stat_database:
 transactions per second from 5 s in (every statement outside an explicit
 transaction is one; pg_stat_statements is not assumed to be loaded).
 
+Two more processes bound what is left: the "asyncio floor" (asyncpg on
+plain asyncio sending awa_trio's idle round trips at awa_trio's ticks and
+nothing else, the cheapest Python leader we can think of) and the "trio
+floor" (the same loops on Trio through awa_trio's bridge, awa_trio.db: the
+cost of the stack before any maintenance logic). See FLOOR_TICKS.
+
     python bench/bench_idle.py [--seconds 120] [--engine canonical --engine queue_storage]
                                [--server postgresql://postgres@localhost:5432]
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -36,7 +43,7 @@ from bench_leader import process_cost
 from bench_qs_sustained import admin, make_queue_storage_database
 
 ENGINES = ("canonical", "queue_storage")
-LEADERS = ("awa-pg", "awa_trio")
+LEADERS = ("awa-pg", "awa_trio", "asyncio floor", "trio floor")
 STARTUP_SECONDS = 5.0
 
 # canonical_drain keeps a canonical install canonical; auto is the default
@@ -55,6 +62,61 @@ async def main():
     await stop.wait()
     await client.shutdown(timeout_ms=2000)
 asyncio.run(main())
+"""
+
+# The cheapest Python leader we can think of, for a lower bound: asyncpg on
+# plain asyncio (no Trio, no bridge, no maintenance logic) holding the lock
+# and sending awa_trio's idle round trips at awa_trio's ticks (counted with
+# log_statement = all: canonical, per second, 4 at the 250 ms promotion tick,
+# 3 at the 1 s ticks of cron evaluation, the batch runner and the schema
+# watch, 1 every 2 s for the dirty admin keys; queue storage 4 + 4 at 250 ms
+# for promotion and the lease ring, 5 at 1 s for the claim and queue rings,
+# cron, the batch runner and the schema watch). Each loop has a connection of
+# its own, as each branch borrows one, and its statement is SELECT 1: the
+# client's cost of a round trip hardly depends on its SQL.
+FLOOR_TICKS = {
+    "canonical": [(0.25, 1), (1.0, 3), (2.0, 1)],
+    "queue_storage": [(0.25, 2), (1.0, 5)],
+}
+ASYNCIO_FLOOR_LEADER = r"""
+import asyncio, json, sys, asyncpg
+async def loop_at(dsn, period):
+    conn = await asyncpg.connect(dsn)
+    loop = asyncio.get_running_loop()
+    tick = loop.time()
+    while True:
+        tick += period
+        await asyncio.sleep(max(0.0, tick - loop.time()))
+        await conn.fetchval("SELECT 1")
+async def main():
+    dsn, ticks = sys.argv[1], json.loads(sys.argv[2])
+    lock = await asyncpg.connect(dsn)
+    await lock.execute("SELECT pg_advisory_lock(4708303813012965710)")
+    await asyncio.gather(*(loop_at(dsn, period) for period, count in ticks for _ in range(count)))
+asyncio.run(main())
+"""
+
+# The same loops on Trio, through awa_trio's own bridge to asyncpg
+# (awa_trio.db): what the stack costs before any maintenance logic runs.
+TRIO_FLOOR_LEADER = r"""
+import json, sys, trio
+from awa_trio.db import open_database
+async def loop_at(db, period):
+    tick = trio.current_time()
+    while True:
+        tick += period
+        await trio.sleep_until(tick)
+        await db.fetchval("SELECT 1")
+async def main():
+    dsn, ticks = sys.argv[1], json.loads(sys.argv[2])
+    async with open_database(dsn) as db:
+        lock = await db.connect_dedicated()
+        await lock.execute("SELECT pg_advisory_lock(4708303813012965710)")
+        async with trio.open_nursery() as nursery:
+            for period, count in ticks:
+                for _ in range(count):
+                    nursery.start_soon(loop_at, db, period)
+trio.run(main)
 """
 
 LEADER_LOCK_HELD_SQL = """
@@ -118,6 +180,9 @@ async def make_database(server: str, engine: str) -> str:
     return name
 
 
+FLOOR_LEADERS = {"asyncio floor": ASYNCIO_FLOOR_LEADER, "trio floor": TRIO_FLOOR_LEADER}
+
+
 def start_leader(kind: str, engine: str, dsn: str) -> subprocess.Popen:
     if kind == "awa_trio":
         argv = [
@@ -131,6 +196,8 @@ def start_leader(kind: str, engine: str, dsn: str) -> subprocess.Popen:
             "--log-level",
             "WARNING",
         ]
+    elif kind in FLOOR_LEADERS:
+        argv = [sys.executable, "-c", FLOOR_LEADERS[kind], dsn, json.dumps(FLOOR_TICKS[engine])]
     else:
         role = "auto" if engine == "queue_storage" else "canonical_drain"
         argv = [sys.executable, "-c", AWA_PG_IDLE_LEADER, dsn, role]
@@ -191,13 +258,20 @@ def print_table(engine: str, seconds: float, runs: dict[str, LeaderRun]) -> None
         ("wake-ups per second", "/s", 1),
         ("transactions per second", "/s", 1),
     )
-    theirs, ours = measures(runs["awa-pg"], seconds), measures(runs["awa_trio"], seconds)
+    theirs = measures(runs["awa-pg"], seconds)
+    others = [kind for kind in LEADERS if kind != "awa-pg"]
     print(f"\nidle leader on {engine}, {seconds:g} s, default ticks, side by side\n")
-    print("| measure | awa-pg 0.6.1 | awa_trio | ratio |")
-    print("| --- | --- | --- | --- |")
-    for (label, unit, digits), their, our in zip(labels, theirs, ours, strict=True):
-        ratio = f"{our / their:.2f}x" if their else "-"
-        print(f"| {label} | {their:.{digits}f} {unit} | {our:.{digits}f} {unit} | {ratio} |")
+    print("| measure | awa-pg 0.6.1 | " + " | ".join(f"{kind} | ratio" for kind in others) + " |")
+    print("| --- | --- |" + " --- | --- |" * len(others))
+    for row, (label, unit, digits) in enumerate(labels):
+        cells = [f"{theirs[row]:.{digits}f} {unit}"]
+        for kind in others:
+            value = measures(runs[kind], seconds)[row]
+            if kind in FLOOR_LEADERS and label.startswith("transactions"):
+                cells += ["-", "-"]  # an always-busy backend flushes its counts only at exit
+                continue
+            cells += [f"{value:.{digits}f} {unit}", f"{value / theirs[row]:.2f}x" if theirs[row] else "-"]
+        print(f"| {label} | " + " | ".join(cells) + " |")
 
 
 def compile_like_a_wheel_install() -> None:
