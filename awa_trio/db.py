@@ -1,11 +1,13 @@
 """asyncpg, driven from Trio through trio-asyncio.
 
 This is the only module that touches asyncpg or asyncio. It owns one
-trio-asyncio loop and one pool of asyncpg connections per :class:`Database`;
-every statement crosses the bridge once with ``loop.run_aio_coroutine``, so
-a Trio cancel scope that fires mid-query cancels the asyncio task, and
-asyncpg then sends a cancel request to the server (the query stops there
-too, not just here).
+trio-asyncio loop and one pool of asyncpg connections per :class:`Database`.
+A statement's driver coroutine is stepped from the calling Trio task itself
+(:func:`_drive`), without an asyncio task; connecting, closing and LISTEN run
+as asyncio tasks (``loop.run_aio_coroutine``). Either way a Trio cancel scope
+that fires mid-query cancels what the driver waits on, and asyncpg then
+sends a cancel request to the server (the query stops there too, not just
+here).
 
 The pool lives on the Trio side: borrowing and returning a connection is a
 list operation, not a crossing. asyncpg's own pool cost about 170 us of CPU

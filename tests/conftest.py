@@ -128,31 +128,34 @@ def database_url(awa_template: str) -> str:
     _drop(name)
 
 
-def _make_queue_storage(dsn: str) -> None:
+def _make_queue_storage(dsn: str, **start_options) -> None:
     """Start a real awa-pg runtime (transition role ``auto``) on a fresh
     install: it finalises the database to queue storage, as every default
-    Awa 0.6 deployment does. Judged by database state afterwards: the 0.6.1
+    Awa 0.6 deployment does. ``start_options`` go to its ``start()`` (a
+    schema name, ring sizes). Judged by database state afterwards: the 0.6.1
     runtime sometimes crashes at exit."""
+    import json
     import subprocess
     import sys
 
     script = (
         "import asyncio, json, sys, awa\n"
-        "async def main(dsn):\n"
+        "async def main(dsn, options):\n"
         "    client = awa.AsyncClient(dsn)\n"
         "    @client.task(dict, kind='noop', queue='default')\n"
         "    async def noop(job): pass\n"
         "    await client.start([{'name': 'default', 'max_workers': 1}],\n"
-        "                       storage_transition_role='auto', leader_election_interval_ms=600000)\n"
+        "                       storage_transition_role='auto', leader_election_interval_ms=600000,\n"
+        "                       **json.loads(options))\n"
         "    for _ in range(100):\n"
         "        status = await client.storage_status()\n"
         "        status = json.loads(status) if isinstance(status, str) else status\n"
         "        if status['state'] == 'active': break\n"
         "        await asyncio.sleep(0.1)\n"
         "    await client.shutdown(timeout_ms=1000)\n"
-        "asyncio.run(main(sys.argv[1]))\n"
+        "asyncio.run(main(sys.argv[1], sys.argv[2]))\n"
     )
-    subprocess.run([sys.executable, "-c", script, dsn], timeout=120, check=False)
+    subprocess.run([sys.executable, "-c", script, dsn, json.dumps(start_options)], timeout=120, check=False)
 
     async def check() -> None:
         conn = await asyncpg.connect(dsn)
