@@ -1,5 +1,8 @@
 """What one round trip costs through the trio-asyncio bridge, against plain
 asyncpg on asyncio. Prints per-operation latency (median of several runs).
+asyncpg's own pool resets a session when it is released (one more round
+trip); awa_trio's pool does not (awa_trio.db._Pool says why), so the
+single-connection row compares the drivers' paths alone.
 
     python bench/bench_bridge.py [--dsn URL] [--ops 2000] [--runs 5]
 """
@@ -34,7 +37,16 @@ async def asyncio_round_trips(dsn: str, ops: int) -> dict[str, float]:
         transaction = (time.perf_counter() - started) / (ops // 4)
     finally:
         await pool.close()
-    return {"query": query, "transaction": transaction}
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.fetchval(QUERY)
+        started = time.perf_counter()
+        for _ in range(ops):
+            await conn.fetchval(QUERY)
+        connection = (time.perf_counter() - started) / ops
+    finally:
+        await conn.close()
+    return {"query": query, "transaction": transaction, "connection": connection}
 
 
 async def bridge_round_trips(dsn: str, ops: int) -> dict[str, float]:
@@ -49,7 +61,16 @@ async def bridge_round_trips(dsn: str, ops: int) -> dict[str, float]:
             async with db.transaction() as conn:
                 await conn.fetchval(QUERY)
         transaction = (time.perf_counter() - started) / (ops // 4)
-    return {"query": query, "transaction": transaction}
+        conn = await db.connect_dedicated()
+        try:
+            await conn.fetchval(QUERY)
+            started = time.perf_counter()
+            for _ in range(ops):
+                await conn.fetchval(QUERY)
+            connection = (time.perf_counter() - started) / ops
+        finally:
+            await conn.close()
+    return {"query": query, "transaction": transaction, "connection": connection}
 
 
 def main() -> None:
@@ -64,7 +85,8 @@ def main() -> None:
     print(f"round trips over loopback, median of {args.runs} runs x {args.ops} ops")
     print(f"{'operation':<34}{'asyncpg/asyncio':>16}{'awa_trio bridge':>17}{'ratio':>8}")
     for kind, label in (("query", "pool.fetchval('SELECT 1')"),
-                        ("transaction", "acquire + BEGIN + query + COMMIT")):
+                        ("transaction", "acquire + BEGIN + query + COMMIT"),
+                        ("connection", "connection.fetchval('SELECT 1')")):
         a = statistics.median(r[kind] for r in plain) * 1e6
         b = statistics.median(r[kind] for r in bridged) * 1e6
         print(f"{label:<34}{a:>13.0f} us{b:>14.0f} us{b / a:>7.2f}x")
