@@ -17,7 +17,7 @@ nothing else, the cheapest Python leader we can think of) and the "trio
 floor" (the same loops on Trio through awa_trio's bridge, awa_trio.db: the
 cost of the stack before any maintenance logic). See FLOOR_TICKS.
 
-    python bench/bench_idle.py [--seconds 120] [--engine canonical --engine queue_storage]
+    python bench/bench_idle.py [--seconds 120] [--rounds 3] [--engine canonical --engine queue_storage]
                                [--server postgresql://postgres@localhost:5432]
 """
 
@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -250,7 +251,9 @@ def measures(run: LeaderRun, seconds: float) -> list[float]:
     ]
 
 
-def print_table(engine: str, seconds: float, runs: dict[str, LeaderRun]) -> None:
+def print_table(engine: str, seconds: float, rounds: list[dict[str, LeaderRun]]) -> None:
+    """One row per measure; with several rounds, each cell is the median of
+    the rounds (and each ratio the median of the rounds' ratios)."""
     labels = (
         ("CPU, start-up included", "s", 2),
         (f"CPU, from {STARTUP_SECONDS:g} s in", "s", 2),
@@ -258,19 +261,23 @@ def print_table(engine: str, seconds: float, runs: dict[str, LeaderRun]) -> None
         ("wake-ups per second", "/s", 1),
         ("transactions per second", "/s", 1),
     )
-    theirs = measures(runs["awa-pg"], seconds)
+    figures = [{kind: measures(runs[kind], seconds) for kind in LEADERS} for runs in rounds]
     others = [kind for kind in LEADERS if kind != "awa-pg"]
-    print(f"\nidle leader on {engine}, {seconds:g} s, default ticks, side by side\n")
+    shown = f"median of {len(rounds)} rounds" if len(rounds) > 1 else "one round"
+    print(f"\nidle leader on {engine}, {seconds:g} s, default ticks, side by side, {shown}\n")
     print("| measure | awa-pg 0.6.1 | " + " | ".join(f"{kind} | ratio" for kind in others) + " |")
     print("| --- | --- |" + " --- | --- |" * len(others))
     for row, (label, unit, digits) in enumerate(labels):
-        cells = [f"{theirs[row]:.{digits}f} {unit}"]
+        theirs = [round_["awa-pg"][row] for round_ in figures]
+        cells = [f"{statistics.median(theirs):.{digits}f} {unit}"]
         for kind in others:
-            value = measures(runs[kind], seconds)[row]
             if kind in FLOOR_LEADERS and label.startswith("transactions"):
                 cells += ["-", "-"]  # an always-busy backend flushes its counts only at exit
                 continue
-            cells += [f"{value:.{digits}f} {unit}", f"{value / theirs[row]:.2f}x" if theirs[row] else "-"]
+            values = [round_[kind][row] for round_ in figures]
+            ratios = [value / their for value, their in zip(values, theirs, strict=True) if their]
+            ratio = f"{statistics.median(ratios):.2f}x" if ratios else "-"
+            cells += [f"{statistics.median(values):.{digits}f} {unit}", ratio]
         print(f"| {label} | " + " | ".join(cells) + " |")
 
 
@@ -287,13 +294,15 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--engine", action="append", choices=ENGINES)
+    parser.add_argument("--rounds", type=int, default=1, help="repeat and print medians")
     parser.add_argument(
         "--server", default=os.environ.get("AWA_TRIO_TEST_SERVER", "postgresql://postgres@localhost:5432")
     )
     args = parser.parse_args()
     compile_like_a_wheel_install()
     for engine in args.engine or ENGINES:
-        print_table(engine, args.seconds, await run_engine(args.server, engine, args.seconds))
+        rounds = [await run_engine(args.server, engine, args.seconds) for _ in range(args.rounds)]
+        print_table(engine, args.seconds, rounds)
 
 
 if __name__ == "__main__":
