@@ -428,6 +428,13 @@ async def _drive(coro: Any) -> Any:
 
     wake.runs_inline = True  # type: ignore[attr-defined]  # see _run_wakes_inline
 
+    # The first step sends the statement: a task already cancelled must not
+    # send it (this yields only when cancelled).
+    try:
+        await trio.lowlevel.checkpoint_if_cancelled()
+    except BaseException:
+        coro.close()
+        raise
     while True:
         try:
             future = coro.send(None)

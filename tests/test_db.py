@@ -212,3 +212,24 @@ async def test_pooled_connections_outlive_a_ten_second_lull(database_url):
             while await db.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])",
                                     list(first)):
                 await trio.sleep(0.05)
+
+
+async def test_a_cancelled_task_sends_no_statement(db):
+    """No checkpoint comes before a statement leaves (the pool lends without
+    one, the driver's first step sends it), so a task whose scope is already
+    cancelled must find out before that step, on a pooled connection and on
+    a dedicated one."""
+    await db.execute("CREATE TABLE sent (via text)")
+    conn = await db.connect_dedicated()
+    try:
+        for via, target in (("pool", db), ("dedicated", conn)):
+            # Prepared already, as a branch's statements are after one tick:
+            # the driver's first step then sends the statement itself.
+            await target.execute("INSERT INTO sent VALUES ($1)", "warm-up")
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await target.execute("INSERT INTO sent VALUES ($1)", via)
+            assert scope.cancelled_caught
+    finally:
+        await conn.close()
+    assert await db.fetchval("SELECT count(*) FROM sent WHERE via <> 'warm-up'") == 0
