@@ -93,6 +93,12 @@ class TrackerClient:
             self._send.send_nowait(request)
         except trio.WouldBlock:
             await self._send.send(request)
+        except trio.BrokenResourceError:
+            # The tracker has gone: its term is ending and this branch is
+            # being cancelled with it. Say so (Cancelled), as send() would,
+            # rather than look like a broken branch.
+            await trio.lowlevel.checkpoint_if_cancelled()
+            raise
 
     async def _ask(self, make_request: Callable[[trio.MemorySendChannel[Any]], object]) -> Any:
         reply_send, reply_receive = trio.open_memory_channel(1)

@@ -246,3 +246,24 @@ def test_prune_backoff_per_branch_state_is_independent():
     assert snapshot(tracker, LEASE) == (4, 2)
     assert snapshot(tracker, CLAIM) is None
     assert not tracker.should_skip(CLAIM)
+
+
+async def test_a_branch_whose_term_ends_is_cancelled_not_broken_when_the_tracker_has_gone():
+    """Requests are queued without a checkpoint; when the tracker's channel
+    is already closed (its term ending), a branch being cancelled with that
+    term must see Cancelled, not BrokenResourceError (which reads as a
+    branch crash)."""
+    import pytest
+    import trio
+
+    from awa_trio.tracker_actor import TrackerClient
+
+    send, receive = trio.open_memory_channel(10)
+    client = TrackerClient(send)
+    await receive.aclose()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await client.finish_tick("promote_scheduled", 0.01)
+    assert scope.cancelled_caught
+    with pytest.raises(trio.BrokenResourceError):  # not being cancelled: the loss shows
+        await client.finish_tick("promote_scheduled", 0.01)
