@@ -49,6 +49,8 @@ from support.chaos import (
     missing_fires,
     produce_scheduled,
     start_cluster,
+    stop_members,
+    wait_until_every_job_completed,
 )
 
 from awa_trio.db import open_database
@@ -113,13 +115,8 @@ async def run(server: str, seconds: float, period: tuple[float, float], seed: in
                     await trio.sleep(2.0)
                     load.cancel_scope.cancel()
                 with trio.move_on_after(60):
-                    while (await admin.fetchval(
-                            "SELECT count(*) FROM awa.jobs WHERE kind = $1 AND state <> 'completed'", KIND)
-                            or len(done_counts([consumer])) < len(inserted)):
-                        await trio.sleep(0.2)
-                unexpected = [exit for member in [*members, consumer] for exit in member.unexpected_exits]
-                for member in [*members, consumer]:
-                    await member.stop()
+                    await wait_until_every_job_completed(admin, consumer, KIND, inserted, poll=0.2)
+                unexpected = await stop_members([*members, consumer])
                 nursery.cancel_scope.cancel()
             duplicates = await duplicate_fires(admin)
             made, expected = await fire_coverage(admin, since, until)

@@ -13,15 +13,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
-import subprocess
-import sys
 
 import pytest
 import trio
 from conftest import in_thread
 from support.contexts import make_context
-from support.helpers import metric_points
+from support.helpers import metric_points, status_report
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.branches import (
@@ -388,12 +385,7 @@ async def test_status_command_reports_a_200_character_queue_backlog(database_url
         LONG_QUEUE,
     )
 
-    result = await trio.to_thread.run_sync(lambda: subprocess.run(
-        [sys.executable, "-m", "awa_trio", "status", "--json", "--database-url", database_url],
-        capture_output=True, text=True, timeout=60, env=dict(os.environ)))
-
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = await status_report(database_url)
     assert report["due_not_promoted"]["scheduled"]["jobs"] == 2
     assert report["rescue_backlog"]["stale_heartbeats"] == 1
     [cron] = report["cron"]

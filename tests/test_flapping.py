@@ -29,7 +29,9 @@ from support.chaos import (
     job_outcomes,
     produce_scheduled,
     start_cluster,
+    stop_members,
     summarise,
+    wait_until_every_job_completed,
 )
 
 from awa_trio.db import open_database
@@ -70,13 +72,8 @@ async def test_flapping_leadership_keeps_one_leader_cron_exact_and_every_job_pro
                 load.cancel_scope.cancel()
             # The last jobs come due and complete under whoever leads now.
             with trio.fail_after(20):
-                while (await admin.fetchval(
-                        "SELECT count(*) FROM awa.jobs WHERE kind = $1 AND state <> 'completed'", KIND)
-                        or len(done_counts([consumer])) < len(inserted)):
-                    await trio.sleep(0.1)
-            unexpected = [exit for member in [*members, consumer] for exit in member.unexpected_exits]
-            for member in [*members, consumer]:
-                await member.stop()
+                await wait_until_every_job_completed(admin, consumer, KIND, inserted, poll=0.1)
+            unexpected = await stop_members([*members, consumer])
             nursery.cancel_scope.cancel()
 
         duplicates = await duplicate_fires(admin)

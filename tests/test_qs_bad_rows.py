@@ -14,14 +14,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
-import subprocess
-import sys
 
 import pytest
 import trio
 from support.contexts import make_context
-from support.helpers import metric_points
+from support.helpers import metric_points, status_report
 from support.qs_dlq import add_bulk_dlq_rows, dlq_ids
 from support.qs_jobs import insert_scheduled, make_due
 from support.qs_rescue import (
@@ -237,11 +234,7 @@ async def test_a_200_character_queue_is_counted_and_reported_by_status(
     assert depth[(LONG_QUEUE, "running")] == 1
     assert depth[(LONG_QUEUE, "scheduled")] == 2
 
-    result = await trio.to_thread.run_sync(lambda: subprocess.run(
-        [sys.executable, "-m", "awa_trio", "status", "--json", "--database-url", qs_database_url],
-        capture_output=True, text=True, timeout=60, env=dict(os.environ)))
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = await status_report(qs_database_url)
     assert report["engine"] == "queue_storage"
     assert report["due_not_promoted"]["scheduled"]["jobs"] == 2
 
@@ -250,11 +243,7 @@ async def test_a_200_character_queue_is_counted_and_reported_by_status(
     # report is still given.
     await qs_db.execute("UPDATE awa.deferred_jobs SET payload = '{\"tags\": \"x\"}' WHERE job_id = "
                         "(SELECT min(job_id) FROM awa.deferred_jobs)")
-    result = await trio.to_thread.run_sync(lambda: subprocess.run(
-        [sys.executable, "-m", "awa_trio", "status", "--json", "--database-url", qs_database_url],
-        capture_output=True, text=True, timeout=60, env=dict(os.environ)))
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    report = await status_report(qs_database_url)
     assert report["due_not_promoted"]["scheduled"]["jobs"] == 2
     assert "cannot extract elements from a scalar" in report["rescue_backlog"]["error"]
 

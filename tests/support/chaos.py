@@ -382,6 +382,24 @@ async def job_outcomes(admin, kind: str) -> dict[tuple[str, int], int]:
     return {(row["state"], row["attempt"]): row["jobs"] for row in await admin.fetch(JOB_OUTCOMES_SQL, kind)}
 
 
+async def wait_until_every_job_completed(admin, consumer: ManagedProcess, kind: str, inserted: list[int],
+                                        *, poll: float) -> None:
+    """Until no job of ``kind`` is left in any other state and the consumer
+    has reported every inserted job done (the caller bounds the wait)."""
+    while (await admin.fetchval(
+            "SELECT count(*) FROM awa.jobs WHERE kind = $1 AND state <> 'completed'", kind)
+            or len(done_counts([consumer])) < len(inserted)):
+        await trio.sleep(poll)
+
+
+async def stop_members(members: list[ManagedProcess]) -> list:
+    """Stop every process; returns the exits none of them was asked for."""
+    unexpected = [exit for member in members for exit in member.unexpected_exits]
+    for member in members:
+        await member.stop()
+    return unexpected
+
+
 def done_counts(consumers: list[ManagedProcess]) -> dict[int, int]:
     """How many times each job id was completed by a handler (``DONE`` lines)."""
     counts: dict[int, int] = {}

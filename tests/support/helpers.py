@@ -57,3 +57,20 @@ def metric_points(reader, name: str) -> list[tuple[dict, object]]:
                     for point in metric.data.data_points:
                         points.append((dict(point.attributes), point))
     return points
+
+
+async def status_report(database_url: str) -> dict:
+    """``python -m awa_trio status --json`` run as a user would, parsed; the
+    command must succeed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import trio
+
+    result = await trio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "awa_trio", "status", "--json", "--database-url", database_url],
+        capture_output=True, text=True, timeout=60, env=dict(os.environ)))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
