@@ -205,14 +205,20 @@ TOMBSTONE_AND_ENSURE_LANE_SQL = """
 
 ENSURE_LANE_SEQUENCES_SQL = "SELECT {schema}.ensure_lane_sequences($1, $2, $3)"
 
-# Re-enter the old entry ($1-$6) at the tail of lane ($7 queue, $8 priority,
-# $9 shard) in the live ring slot; $10 / $11 stamp the original queue /
-# priority. One NOTIFY wakes the target queue's workers.
+# A lane position at the tail of lane ($1 queue, $2 priority, $3 shard):
+# reserve_enqueue_seq takes the lane's lock until commit, waiting for any
+# producer that holds it. A statement of its own, so that REENTER_READY_SQL
+# reads the ring with the lock held (the lane-order invariant in
+# queue_storage/promote.py: a ring read in the statement that waits would
+# see the ring as it was before the wait).
+RESERVE_POSITION_SQL = "SELECT {schema}.reserve_enqueue_seq($1, $2, $3, 1)"
+
+# Re-enter the old entry ($1-$6) at position $12 of lane ($7 queue, $8
+# priority, $9 shard) in the live ring slot; $10 / $11 stamp the original
+# queue / priority. One NOTIFY wakes the target queue's workers.
 REENTER_READY_SQL = (
     """
-    WITH lane AS (
-        SELECT {schema}.reserve_enqueue_seq($7, $8, $9, 1) AS lane_seq
-    ), ring AS (
+    WITH ring AS (
         SELECT current_slot, generation FROM {schema}.queue_ring_state WHERE singleton
     ), moved AS (
         INSERT INTO {schema}.ready_entries (
@@ -221,7 +227,7 @@ REENTER_READY_SQL = (
             created_at, unique_key, unique_states, payload
         )
         SELECT ring.current_slot, ring.generation, old.job_id, old.kind, $7, old.args, $8,
-               old.attempt, old.run_lease, old.max_attempts, lane.lane_seq, $9, old.run_at,
+               old.attempt, old.run_lease, old.max_attempts, $12::bigint, $9, old.run_at,
                old.attempted_at, old.created_at, old.unique_key, old.unique_states,
                """
     + _STAMPED_PAYLOAD.format(
@@ -232,7 +238,7 @@ REENTER_READY_SQL = (
         stamp_priority="$11::boolean",
     )
     + """
-        FROM ring, lane, {schema}.ready_entries AS old
+        FROM ring, {schema}.ready_entries AS old
         WHERE old.ready_slot = $1 AND old.ready_generation = $2 AND old.queue = $3
           AND old.priority = $4 AND old.enqueue_shard = $5 AND old.lane_seq = $6
         RETURNING ready_slot, ready_generation, queue, priority, enqueue_shard, lane_seq, run_at
@@ -280,6 +286,7 @@ def storage_for(schema: str) -> BatchOperationStorage:
         "live_ready_entry": LIVE_READY_ENTRY_SQL.format(schema=schema),
         "tombstone_and_ensure_lane": TOMBSTONE_AND_ENSURE_LANE_SQL.format(schema=schema),
         "ensure_lane_sequences": ENSURE_LANE_SEQUENCES_SQL.format(schema=schema),
+        "reserve_position": RESERVE_POSITION_SQL.format(schema=schema),
         "reenter_ready": REENTER_READY_SQL.format(schema=schema),
     }
 
@@ -348,6 +355,7 @@ async def _reenter_available(
         sql["tombstone_and_ensure_lane"], *old_key, job_id, target_queue, target_priority, shard
     )
     await conn.execute(sql["ensure_lane_sequences"], target_queue, target_priority, shard)
+    position = await conn.fetchval(sql["reserve_position"], target_queue, target_priority, shard)
     row = await conn.fetchrow(
         sql["reenter_ready"],
         *old_key,
@@ -356,6 +364,7 @@ async def _reenter_available(
         shard,
         queue is not None,
         priority is not None,
+        position,
     )
     return row["moved"] == 1
 

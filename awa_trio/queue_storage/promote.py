@@ -11,10 +11,11 @@ lane, the unique claim moved to the ``available`` state, and one NOTIFY on
 Upstream 0.6.1 ships each batch to the client and re-inserts it with 18 bind
 parameters per row: a 4096-row batch exceeds PostgreSQL's 65,535-parameter
 limit, so once more than about 3,640 jobs of one state are due together the
-promotion fails every tick and they are never promoted. Here a batch is ONE
-statement (DELETE ... RETURNING feeding INSERT ... SELECT); no row leaves the
-server, so any burst promotes, 4096 rows at a time, at most 32 batches per
-state per tick, stopping at the first short batch.
+promotion fails every tick and they are never promoted. Here a batch is
+three statements (pick, reserve, file: see the lane-order invariant below)
+whose rows never leave the server (only their ids and one row per lane do),
+so any burst promotes, 4096 rows at a time, at most 32 batches per state per
+tick, stopping at the first short batch.
 
 Rows whose ``payload`` is NULL (awa-pg's ``enqueue_many_copy``) move as they
 are; an empty payload is stored as NULL, as upstream stores it.
@@ -90,36 +91,55 @@ def _drops_claim(row: str, state: str) -> str:
     )
 
 
+# A batch is three statements in one transaction, in the order Awa's own
+# producers take their steps (awa.insert_job_compat: unique claim, lane
+# reservation, then the ring read):
+#
+#   PICK     due rows of unpaused queues whose unique claim (if they need one)
+#            is free, oldest first, locked SKIP LOCKED; their unique claims
+#            moved; one row per lane (queue, priority, enqueue shard) with the
+#            lane's row count and job ids. The shard is one rotor value ($2)
+#            per batch modulo the queue's shard count (1 unless an operator
+#            raised it), as upstream picks one rotor shard per (queue,
+#            priority) for rows without an ordering key. A claim held by
+#            another job raises 23505 here and the batch goes row by row.
+#   RESERVE  per lane, a block of lane positions (reserve_enqueue_seq takes
+#            the lane's lock and holds it until commit), in lane order like
+#            producers. This is where the batch may wait for a producer.
+#   FILE     the picked rows deleted from deferred_jobs and inserted as ready
+#            entries numbered from their lane's block, one ready segment per
+#            lane, all under the queue ring slot read by THIS statement; one
+#            NOTIFY per queue.
+#
+# The lane-order invariant: within a lane, a higher lane position is never
+# filed under an older ring slot. The claimer reads one slot at a time and
+# moves the lane's claim cursor past the highest position it took there; a
+# position filed under an older slot than a lower one makes the cursor jump
+# over the lower one, whose job is then never claimed and is truncated by a
+# later prune. Producers keep the invariant by reading the ring after their
+# reservation, in the transaction that holds the lane lock. A statement's
+# snapshot is taken when it starts, so a ring read in the statement that
+# waits for the lane lock sees the ring as it was BEFORE the wait, while the
+# producer it waited for may have filed lower positions under a newer slot
+# (issue 15: 0.6-1.1 % of jobs lost under load). Hence FILE is a statement
+# of its own, after RESERVE: its snapshot is taken with the lane locks held,
+# so it sees every rotation the producers before us saw, and producers after
+# us wait for our commit. FILE itself waits on nothing (append-only inserts
+# and a delete of rows PICK locked), so the slot it reads is still the live
+# one when its rows land.
+#
 # The state is a literal and the order is the index's, so the due rows come
 # from idx_awa_deferred_due (state, run_at, queue, priority, job_id) in order
 # and the scan stops after $1 of them; the paused queues are read once (an
 # init plan), and the claim lookup runs only for rows with a unique key. The
-# statement runs with PLANNER_SETTINGS_SQL: the planner underestimates the
-# due rows badly (the claim subplan's cost, queue_meta's missing statistics)
-# and would otherwise sort every due row on each batch (measured: 24 s for a
+# batch runs with PLANNER_SETTINGS_SQL: the planner underestimates the due
+# rows badly (the claim subplan's cost, queue_meta's missing statistics) and
+# would otherwise sort every due row on each batch (measured: 24 s for a
 # 50,000-row burst instead of ~3 s), and JIT compiles it for ~100-400 ms.
-# Steps, all in one statement:
-#   picked    due rows of unpaused queues whose unique claim (if they need
-#             one) is free, oldest first, SKIP LOCKED;
-#   moved     those rows, deleted from deferred_jobs;
-#   lanes     rows per (queue, priority), and the lane's enqueue shard: one
-#             rotor value ($2) per batch modulo the queue's shard count (1
-#             unless an operator raised it), as upstream picks one rotor
-#             shard per (queue, priority) for rows without an ordering key;
-#   reserved  per lane, a block of lane sequence numbers (reserve_enqueue_seq
-#             holds the lane's lock until commit, so claimers never pass an
-#             uncommitted lane position), taken in lane order like producers;
-#   claimed / released  the unique-claim moves (a claim held by another job
-#             raises 23505 here and the batch falls back to row by row);
-#   segments  one ready segment per lane: claimers find ready rows by them;
-#   inserted  the ready entries, run_at = now.
-# The final SELECT notifies each queue once and reports the counts. A
-# channel is an identifier: workers LISTEN on "awa:<queue>" cut to 63 bytes
-# (at a character boundary), and pg_notify refuses a longer name, which would
-# fail the whole batch, so the channel is cut the same way.
-_PROMOTE_SQL_TEMPLATE = """
-    WITH picked AS (
-        SELECT deferred.job_id
+_PICK_SQL_TEMPLATE = """
+    WITH picked AS MATERIALIZED (
+        SELECT deferred.job_id, deferred.queue, deferred.priority, deferred.run_at,
+               deferred.unique_key, deferred.unique_states
         FROM {{schema}}.deferred_jobs AS deferred
         WHERE deferred.state = '{state}'::awa.job_state
           AND deferred.run_at <= now()
@@ -135,81 +155,100 @@ _PROMOTE_SQL_TEMPLATE = """
         LIMIT $1
         FOR UPDATE OF deferred SKIP LOCKED
     ),
-    moved AS (
-        DELETE FROM {{schema}}.deferred_jobs AS deferred
-        USING picked
-        WHERE deferred.job_id = picked.job_id
-        RETURNING deferred.*
-    ),
-    lanes AS MATERIALIZED (
-        SELECT
-            per_lane.queue, per_lane.priority, per_lane.rows,
-            ($2::bigint % COALESCE(
-                (SELECT meta.enqueue_shards FROM awa.queue_meta AS meta
-                 WHERE meta.queue = per_lane.queue), 1))::smallint AS enqueue_shard
-        FROM (
-            SELECT queue, priority, count(*)::bigint AS rows FROM moved GROUP BY queue, priority
-        ) AS per_lane
-    ),
-    reserved AS MATERIALIZED (
-        SELECT
-            lane.queue, lane.priority, lane.enqueue_shard, lane.rows,
-            {{schema}}.reserve_enqueue_seq(lane.queue, lane.priority, lane.enqueue_shard, lane.rows)
-                AS first_seq
-        FROM (
-            SELECT * FROM lanes ORDER BY queue COLLATE "C", priority, enqueue_shard
-        ) AS lane
-    ),
-    numbered AS (
-        SELECT
-            moved.*,
-            reserved.enqueue_shard,
-            reserved.first_seq - 1 + row_number() OVER (
-                PARTITION BY moved.queue, moved.priority
-                ORDER BY moved.run_at, moved.job_id
-            ) AS lane_seq
-        FROM moved
-        JOIN reserved
-          ON reserved.queue = moved.queue
-         AND reserved.priority = moved.priority
-    ),
-    ring AS (
-        SELECT current_slot, generation FROM {{schema}}.queue_ring_state WHERE singleton
-    ),
     claimed AS (
         INSERT INTO awa.job_unique_claims (unique_key, job_id)
-        SELECT moved.unique_key, moved.job_id
-        FROM moved
-        WHERE {gains_claim_moved}
+        SELECT picked.unique_key, picked.job_id
+        FROM picked
+        WHERE {gains_claim_picked}
           AND NOT EXISTS (
               SELECT 1 FROM awa.job_unique_claims AS own
-              WHERE own.unique_key = moved.unique_key AND own.job_id = moved.job_id
+              WHERE own.unique_key = picked.unique_key AND own.job_id = picked.job_id
           )
         RETURNING job_id
     ),
     released AS (
         DELETE FROM awa.job_unique_claims AS claim
-        USING moved
-        WHERE {drops_claim_moved}
-          AND claim.unique_key = moved.unique_key
-          AND claim.job_id = moved.job_id
+        USING picked
+        WHERE {drops_claim_picked}
+          AND claim.unique_key = picked.unique_key
+          AND claim.job_id = picked.job_id
         RETURNING claim.job_id
+    )
+    SELECT
+        per_lane.queue, per_lane.priority, per_lane.rows, per_lane.job_ids,
+        ($2::bigint % COALESCE(
+            (SELECT meta.enqueue_shards FROM awa.queue_meta AS meta
+             WHERE meta.queue = per_lane.queue), 1))::smallint AS enqueue_shard
+    FROM (
+        SELECT queue, priority, count(*)::bigint AS rows, array_agg(job_id) AS job_ids
+        FROM picked
+        GROUP BY queue, priority
+    ) AS per_lane
+    ORDER BY per_lane.queue COLLATE "C", per_lane.priority
+"""
+
+# $1 queues, $2 priorities, $3 shards, $4 row counts (parallel arrays, in
+# lane order): the first position of each lane's block.
+RESERVE_SQL = """
+    SELECT {schema}.reserve_enqueue_seq(lane.queue, lane.priority, lane.enqueue_shard, lane.rows)
+               AS first_seq
+    FROM (
+        SELECT *
+        FROM unnest($1::text[], $2::smallint[], $3::smallint[], $4::bigint[])
+             WITH ORDINALITY AS lane(queue, priority, enqueue_shard, rows, position)
+        ORDER BY lane.position
+    ) AS lane
+"""
+
+# $1 queues, $2 priorities, $3 shards, $4 first positions, $5 row counts
+# (parallel arrays), $6 the picked job ids. A channel is an identifier:
+# workers LISTEN on "awa:<queue>" cut to 63 bytes (at a character boundary),
+# and pg_notify refuses a longer name, which would fail the whole batch, so
+# the channel is cut the same way.
+FILE_SQL = """
+    WITH lanes AS MATERIALIZED (
+        SELECT *
+        FROM unnest($1::text[], $2::smallint[], $3::smallint[], $4::bigint[], $5::bigint[])
+             AS lane(queue, priority, enqueue_shard, first_seq, rows)
+    ),
+    moved AS (
+        DELETE FROM {schema}.deferred_jobs AS deferred
+        WHERE deferred.job_id = ANY($6::bigint[])
+        RETURNING deferred.*
+    ),
+    numbered AS (
+        SELECT
+            moved.*,
+            lanes.enqueue_shard,
+            lanes.first_seq - 1 + row_number() OVER (
+                PARTITION BY moved.queue, moved.priority
+                ORDER BY moved.run_at, moved.job_id
+            ) AS lane_seq
+        FROM moved
+        JOIN lanes
+          ON lanes.queue = moved.queue
+         AND lanes.priority = moved.priority
+    ),
+    -- Read with this statement's snapshot, taken after RESERVE got the lane
+    -- locks: see the lane-order invariant above.
+    ring AS (
+        SELECT current_slot, generation FROM {schema}.queue_ring_state WHERE singleton
     ),
     segments AS (
-        INSERT INTO {{schema}}.ready_segments (
+        INSERT INTO {schema}.ready_segments (
             ready_slot, ready_generation, queue, priority, enqueue_shard,
             first_lane_seq, next_lane_seq, first_run_at
         )
         SELECT
-            ring.current_slot, ring.generation, reserved.queue, reserved.priority,
-            reserved.enqueue_shard, reserved.first_seq, reserved.first_seq + reserved.rows, now()
-        FROM reserved CROSS JOIN ring
+            ring.current_slot, ring.generation, lanes.queue, lanes.priority,
+            lanes.enqueue_shard, lanes.first_seq, lanes.first_seq + lanes.rows, now()
+        FROM lanes CROSS JOIN ring
         ON CONFLICT (ready_slot, ready_generation, queue, priority, enqueue_shard, first_lane_seq)
             DO NOTHING
         RETURNING queue
     ),
     inserted AS (
-        INSERT INTO {{schema}}.ready_entries (
+        INSERT INTO {schema}.ready_entries (
             ready_slot, ready_generation, job_id, kind, queue, args, priority, attempt,
             run_lease, max_attempts, lane_seq, enqueue_shard, run_at, attempted_at,
             created_at, unique_key, unique_states, payload
@@ -220,7 +259,7 @@ _PROMOTE_SQL_TEMPLATE = """
             numbered.max_attempts, numbered.lane_seq, numbered.enqueue_shard, now(),
             numbered.attempted_at, numbered.created_at, numbered.unique_key,
             numbered.unique_states,
-            CASE WHEN numbered.payload IN ('{{{{}}}}'::jsonb, 'null'::jsonb) THEN NULL
+            CASE WHEN numbered.payload IN ('{{}}'::jsonb, 'null'::jsonb) THEN NULL
                  ELSE numbered.payload END
         FROM numbered CROSS JOIN ring
         RETURNING queue
@@ -239,27 +278,25 @@ _PROMOTE_SQL_TEMPLATE = """
 """
 
 
-def _promote_sql(state: str, selection: str) -> str:
-    return _PROMOTE_SQL_TEMPLATE.format(
+def _pick_sql(state: str, selection: str) -> str:
+    return _PICK_SQL_TEMPLATE.format(
         state=state,
         selection=selection,
         gains_claim=_gains_claim("deferred", state),
-        gains_claim_moved=_gains_claim("moved", state),
-        drops_claim_moved=_drops_claim("moved", state),
+        gains_claim_picked=_gains_claim("picked", state),
+        drops_claim_picked=_drops_claim("picked", state),
     )
 
 
-#: Session settings for the batch statement's transaction (see above).
+#: Session settings for the batch's transaction (see above).
 PLANNER_SETTINGS_SQL = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
 #: The SQLSTATE reserve_enqueue_seq raises for a lane with no enqueue head.
 MISSING_LANE_SQLSTATE = "55000"
 
-#: Schema-templated ({schema}) batch statements: $1 limit, $2 shard rotor.
-PROMOTE_BATCH_SQL = {state: _promote_sql(state, "") for state in PROMOTABLE_STATES}
+#: Schema-templated ({schema}) PICK statements: $1 limit, $2 shard rotor.
+PICK_BATCH_SQL = {state: _pick_sql(state, "") for state in PROMOTABLE_STATES}
 #: The row-by-row fallback: the same statement narrowed to one id ($3).
-PROMOTE_ONE_SQL = {
-    state: _promote_sql(state, "AND deferred.job_id = $3::bigint") for state in PROMOTABLE_STATES
-}
+PICK_ONE_SQL = {state: _pick_sql(state, "AND deferred.job_id = $3::bigint") for state in PROMOTABLE_STATES}
 #: Ids the fallback walks: the due rows a batch would have taken.
 DUE_IDS_SQL = {
     state: f"""
@@ -451,12 +488,12 @@ async def ensure_lanes(ctx: MaintenanceContext, missing_sql: str, result: Promot
 
 async def promote_due_state(ctx: MaintenanceContext, layout, state: str, result: PromoteResult) -> None:
     """Up to PROMOTE_MAX_BATCHES_PER_TICK batches; stop at the first short one."""
-    sql = layout.sql(PROMOTE_BATCH_SQL[state])
+    pick_sql = layout.sql(PICK_BATCH_SQL[state])
     lanes_rechecked = False
     for _ in range(PROMOTE_MAX_BATCHES_PER_TICK):
         started = trio.current_time()
         try:
-            rows = await run_batch(ctx, sql, PROMOTE_BATCH_SIZE, next(_shard_rotor))
+            rows = await run_batch(ctx, layout, pick_sql, PROMOTE_BATCH_SIZE, next(_shard_rotor))
         except UniqueViolation as exc:
             log.warning(
                 "%s: a batch of %s jobs hit a unique-claim conflict (%s); promoting row by row",
@@ -484,11 +521,34 @@ async def promote_due_state(ctx: MaintenanceContext, layout, state: str, result:
             return
 
 
-async def run_batch(ctx: MaintenanceContext, sql: str, *args) -> list:
-    """One promotion statement in its own transaction, with the planner settings."""
+async def run_batch(ctx: MaintenanceContext, layout, pick_sql: str, *pick_args) -> list:
+    """One batch in its own transaction, with the planner settings: PICK,
+    RESERVE, then FILE (three statements, so that FILE reads the ring with
+    the lane locks held; see the lane-order invariant above). Returns FILE's
+    rows, one per queue."""
     async with ctx.db.transaction() as conn:
         await conn.execute(PLANNER_SETTINGS_SQL)
-        return await conn.fetch(sql, *args)
+        lanes = await conn.fetch(pick_sql, *pick_args)
+        if not lanes:
+            return []
+        queues = [lane["queue"] for lane in lanes]
+        priorities = [lane["priority"] for lane in lanes]
+        shards = [lane["enqueue_shard"] for lane in lanes]
+        counts = [lane["rows"] for lane in lanes]
+        first_seqs = [
+            row["first_seq"]
+            for row in await conn.fetch(layout.sql(RESERVE_SQL), queues, priorities, shards, counts)
+        ]
+        job_ids = [job_id for lane in lanes for job_id in lane["job_ids"]]
+        rows = await conn.fetch(layout.sql(FILE_SQL), queues, priorities, shards, first_seqs, counts, job_ids)
+        filed = sum(row["promoted"] for row in rows)
+        if filed != len(job_ids):
+            # Every picked row is locked by this transaction, so this means
+            # the tables are not what this code expects: file nothing.
+            raise DatabaseError(
+                f"{len(job_ids)} due jobs picked but {filed} filed; the batch was rolled back"
+            )
+        return rows
 
 
 async def promote_row_by_row(ctx: MaintenanceContext, layout, state: str, result: PromoteResult) -> None:
@@ -496,11 +556,11 @@ async def promote_row_by_row(ctx: MaintenanceContext, layout, state: str, result
     job whose claim is held elsewhere stays deferred (the next batch leaves it
     out until the claim is free)."""
     ids = [row["job_id"] for row in await ctx.db.fetch(layout.sql(DUE_IDS_SQL[state]), PROMOTE_BATCH_SIZE)]
-    sql = layout.sql(PROMOTE_ONE_SQL[state])
+    pick_sql = layout.sql(PICK_ONE_SQL[state])
     promoted = 0
     for position, job_id in enumerate(ids):
         try:
-            rows = await run_batch(ctx, sql, 1, next(_shard_rotor), job_id)
+            rows = await run_batch(ctx, layout, pick_sql, 1, next(_shard_rotor), job_id)
         except UniqueViolation:
             log.warning(
                 "%s: %s job %d is due but another job holds its unique claim; "
