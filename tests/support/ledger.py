@@ -103,7 +103,7 @@ def insert_batch(client, inserted: Inserted, *, queue: str, size: int, mix: Mix,
 
 RUNS_SQL = "SELECT job_id, attempt FROM awa_test_ledger.runs"
 RUN_COUNT_SQL = "SELECT count(*) FROM awa_test_ledger.runs"
-LIVE_JOBS_SQL = "SELECT job_id, state::text AS state FROM awa.jobs WHERE state::text = ANY($1::text[])"
+LIVE_JOBS_SQL = "SELECT id AS job_id, state::text AS state FROM awa.jobs WHERE state::text = ANY($1::text[])"
 
 
 @dataclasses.dataclass
