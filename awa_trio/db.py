@@ -310,6 +310,27 @@ class _Pool:
                 break
 
 
+#: asyncpg's isolation names, as SQL.
+_ISOLATION_SQL = {
+    "read_committed": "READ COMMITTED",
+    "read_uncommitted": "READ UNCOMMITTED",
+    "repeatable_read": "REPEATABLE READ",
+    "serializable": "SERIALIZABLE",
+}
+
+
+def _setting_name(name: str) -> str:
+    if not name.replace("_", "").isalnum():
+        raise ValueError(f"not a setting name: {name!r}")
+    return name
+
+
+def _setting_value(value: str) -> str:
+    if not value.replace("_", "").replace(".", "").isalnum():
+        raise ValueError(f"not a plain setting value: {value!r}")
+    return value
+
+
 class Connection:
     """One asyncpg connection; every call crosses the bridge."""
 
@@ -373,23 +394,41 @@ class Connection:
         self._raw.add_termination_listener(lambda _conn: token.run_sync_soon(callback))
 
     @asynccontextmanager
-    async def transaction(self, *, isolation: str | None = None) -> AsyncIterator[Connection]:
+    async def transaction(
+        self, *, isolation: str | None = None, local_settings: dict[str, str] | None = None
+    ) -> AsyncIterator[Connection]:
         """Commit on success; roll back (shielded, bounded) on any error or cancel.
         ``isolation`` (asyncpg's names, e.g. ``read_committed``) goes into the
-        BEGIN itself, so it costs no statement of its own."""
-        tx = self._raw.transaction(isolation=isolation)
-        await self._call(tx.start)
+        BEGIN itself, so it costs no statement of its own; so do
+        ``local_settings`` (``SET LOCAL`` for this transaction only; names and
+        values are our own constants, never user input), sent with the BEGIN
+        in one simple-protocol round trip."""
+        if local_settings:
+            begin = "BEGIN" + (f" ISOLATION LEVEL {_ISOLATION_SQL[isolation]}" if isolation else "")
+            begin += "".join(
+                f"; SET LOCAL {_setting_name(name)} = '{_setting_value(value)}'"
+                for name, value in local_settings.items()
+            )
+            start, commit, rollback = (
+                lambda: self._raw.execute(begin),
+                lambda: self._raw.execute("COMMIT"),
+                lambda: self._raw.execute("ROLLBACK"),
+            )
+        else:
+            tx = self._raw.transaction(isolation=isolation)
+            start, commit, rollback = tx.start, tx.commit, tx.rollback
+        await self._call(start)
         try:
             yield self
         except BaseException:
             with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
                 try:
-                    await self._call(tx.rollback)
+                    await self._call(rollback)
                 except DatabaseError as exc:
                     log.debug("rollback failed: %s", exc)
             raise
         else:
-            await self._call(tx.commit)
+            await self._call(commit)
 
     async def close(self) -> None:
         """Close politely, bounded and shielded; terminate if that fails."""
@@ -585,9 +624,14 @@ class Database:
             self._pool.release(raw, clean=clean)
 
     @asynccontextmanager
-    async def transaction(self, *, isolation: str | None = None) -> AsyncIterator[Connection]:
+    async def transaction(
+        self, *, isolation: str | None = None, local_settings: dict[str, str] | None = None
+    ) -> AsyncIterator[Connection]:
         """A pooled connection inside one transaction."""
-        async with self.acquire() as conn, conn.transaction(isolation=isolation):
+        async with (
+            self.acquire() as conn,
+            conn.transaction(isolation=isolation, local_settings=local_settings),
+        ):
             yield conn
 
     async def connect_dedicated(
@@ -632,7 +676,16 @@ async def open_database(
     # every partition of the queue-storage rings is costed high enough to be
     # JIT-compiled, which took 11 s per pass here (uninterruptible, so a
     # cancelled pass took as long).
-    settings = {"application_name": application_name, "jit": "off"}
+    # READ COMMITTED whatever the database's default: statements that wait for
+    # a lock and then rely on a fresh snapshot in the next statement (the
+    # lane-order invariant in queue_storage/promote.py, every lock-then-re-check
+    # of prunes and rescues) would otherwise see the transaction's first
+    # snapshot again under a REPEATABLE READ default.
+    settings = {
+        "application_name": application_name,
+        "jit": "off",
+        "default_transaction_isolation": "read committed",
+    }
     if lock_timeout is not None:
         settings["lock_timeout"] = f"{int(lock_timeout * 1000)}ms"
     connect_kwargs: dict[str, Any] = {"timeout": connect_timeout, "server_settings": settings}

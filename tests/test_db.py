@@ -233,3 +233,32 @@ async def test_a_cancelled_task_sends_no_statement(db):
     finally:
         await conn.close()
     assert await db.fetchval("SELECT count(*) FROM sent WHERE via <> 'warm-up'") == 0
+
+
+async def test_transactions_are_read_committed_whatever_the_database_default(database_url):
+    # A later statement of a transaction must see what committed while an
+    # earlier one waited for a lock (the queue-storage lane-order invariant).
+    async with open_database(database_url) as db:
+        database = await db.fetchval("SELECT current_database()")
+        await db.execute(f'ALTER DATABASE "{database}" SET default_transaction_isolation = \'repeatable read\'')
+    async with open_database(database_url) as db:
+        async with db.transaction() as conn:
+            assert await conn.fetchval("SHOW transaction_isolation") == "read committed"
+        dedicated = await db.connect_dedicated()
+        try:
+            assert await dedicated.fetchval("SHOW transaction_isolation") == "read committed"
+        finally:
+            await dedicated.close()
+
+
+async def test_local_settings_go_with_the_begin_and_end_with_the_transaction(db):
+    async with db.transaction(local_settings={"enable_sort": "off"}) as conn:
+        assert await conn.fetchval("SHOW enable_sort") == "off"
+        pid = conn.backend_pid
+    async with db.acquire() as conn:
+        assert conn.backend_pid == pid  # the same pooled connection, back to its default
+        assert await conn.fetchval("SHOW enable_sort") == "on"
+    with pytest.raises(QueryError):
+        async with db.transaction(local_settings={"enable_sort": "off"}) as conn:
+            await conn.execute("SELECT 1/0")
+    assert await db.fetchval("SELECT 1") == 1

@@ -418,7 +418,11 @@ async def test_prune_reads_committed_even_when_the_database_defaults_to_repeatab
     await qs_db.execute(f'ALTER DATABASE "{database}" SET default_transaction_isolation = '
                         "'repeatable read'")
     async with open_database(qs_database_url) as rr_db:
-        assert await rr_db.fetchval("SHOW default_transaction_isolation") == "repeatable read"
+        # The database's default is repeatable read (our connections set read
+        # committed over it, and the prune asks for it in its BEGIN besides).
+        assert "default_transaction_isolation=repeatable read" in await rr_db.fetchval(
+            "SELECT setconfig FROM pg_db_role_setting WHERE setrole = 0 AND setdatabase = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())")
         ctx = await make_context(rr_db, meter_provider=meter_provider)
         await rotate_queue.rotate(ctx)
         receipt_child = child("awa", "receipt_completion_batches", slot)
