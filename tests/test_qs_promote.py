@@ -18,7 +18,6 @@ from support.qs_jobs import (
 
 from awa_trio.config import MaintenanceConfig
 from awa_trio.queue_storage import promote
-from awa_trio.queue_storage.layout import read_layout
 from awa_trio.queue_storage.registry import queue_storage_branches
 
 AVAILABLE_ONLY = 0b10        # unique_states bit 1: the claim is held only while available
@@ -228,17 +227,16 @@ async def test_a_claim_held_only_while_waiting_is_released_on_promotion(
     assert await qs_db.fetchval("SELECT count(*) FROM awa.job_unique_claims") == 0
 
 
-async def test_a_lane_that_appears_after_the_lane_check_is_created_and_the_batch_retried(
+async def test_a_lane_that_does_not_exist_yet_is_created_and_the_batch_retried(
     qs_ctx, qs_db, qs_awa_client
 ):
-    # As if the rows came due between this tick's lane check and its batch:
-    # the batch alone meets a lane with no enqueue head (SQLSTATE 55000).
+    # Jobs scheduled for a queue that never had a ready row: the batch's
+    # reservation meets a lane with no enqueue head (SQLSTATE 55000).
     await insert_scheduled(qs_awa_client, 3, queue="fresh")
     await make_due(qs_db)
-    layout = await read_layout(qs_ctx)
     result = promote.PromoteResult()
 
-    await promote.promote_due_state(qs_ctx, layout, "scheduled", result)
+    await promote.promote_due_state(qs_ctx, "awa", "scheduled", result)
 
     assert result.lanes_created == [("fresh", 2, 0)]
     assert result.promoted == {"scheduled": 3}

@@ -46,7 +46,7 @@ from ..db import (
     UniqueViolation,
     describe_error,
 )
-from .layout import read_layout, schema_name
+from .layout import schema_name
 
 log = logging.getLogger(__name__)
 
@@ -91,25 +91,25 @@ def _drops_claim(row: str, state: str) -> str:
     )
 
 
-# A batch is three statements in one transaction, in the order Awa's own
-# producers take their steps (awa.insert_job_compat: unique claim, lane
-# reservation, then the ring read):
+# A batch is two statements in one transaction, in the order Awa's own
+# producers take their steps (awa.insert_job_compat and upstream's
+# promote_due: unique claim and lane reservation, then the ring read):
 #
-#   PICK     due rows of unpaused queues whose unique claim (if they need one)
-#            is free, oldest first, locked SKIP LOCKED; their unique claims
-#            moved; one row per lane (queue, priority, enqueue shard) with the
-#            lane's row count and job ids. The shard is one rotor value ($2)
-#            per batch modulo the queue's shard count (1 unless an operator
-#            raised it), as upstream picks one rotor shard per (queue,
-#            priority) for rows without an ordering key. A claim held by
-#            another job raises 23505 here and the batch goes row by row.
-#   RESERVE  per lane, a block of lane positions (reserve_enqueue_seq takes
-#            the lane's lock and holds it until commit), in lane order like
-#            producers. This is where the batch may wait for a producer.
-#   FILE     the picked rows deleted from deferred_jobs and inserted as ready
-#            entries numbered from their lane's block, one ready segment per
-#            lane, all under the queue ring slot read by THIS statement; one
-#            NOTIFY per queue.
+#   PICK  due rows of unpaused queues whose unique claim (if they need one)
+#         is free, oldest first, locked SKIP LOCKED; their unique claims
+#         moved; then per lane (queue, priority, enqueue shard) a block of
+#         lane positions: reserve_enqueue_seq takes the lane's lock and holds
+#         it until commit, in lane order like producers. This is where a
+#         batch may wait for a producer. One row per lane comes back: its
+#         row count, job ids and first position. The shard is one rotor value
+#         ($2) per batch modulo the queue's shard count (1 unless an operator
+#         raised it), as upstream picks one rotor shard per (queue, priority)
+#         for rows without an ordering key. A claim held by another job
+#         raises 23505 here and the batch goes row by row.
+#   FILE  the picked rows deleted from deferred_jobs and inserted as ready
+#         entries numbered from their lane's block, one ready segment per
+#         lane, all under the queue ring slot read by THIS statement; one
+#         NOTIFY per queue.
 #
 # The lane-order invariant: within a lane, a higher lane position is never
 # filed under an older ring slot. The claimer reads one slot at a time and
@@ -122,17 +122,19 @@ def _drops_claim(row: str, state: str) -> str:
 # waits for the lane lock sees the ring as it was BEFORE the wait, while the
 # producer it waited for may have filed lower positions under a newer slot
 # (issue 15: 0.6-1.1 % of jobs lost under load). Hence FILE is a statement
-# of its own, after RESERVE: its snapshot is taken with the lane locks held,
-# so it sees every rotation the producers before us saw, and producers after
-# us wait for our commit. FILE itself waits on nothing (append-only inserts
-# and a delete of rows PICK locked), so the slot it reads is still the live
-# one when its rows land.
+# of its own, after PICK: its snapshot is taken with the lane locks held, so
+# it sees every rotation the producers before us saw, and producers after us
+# wait for our commit. It needs READ COMMITTED (a transaction snapshot would
+# be PICK's again): every connection of ours sets it (db.open_database),
+# whatever the database's default. FILE itself waits on nothing (append-only
+# inserts and a delete of rows PICK locked), so the slot it reads is still
+# the live one when its rows land.
 #
 # The state is a literal and the order is the index's, so the due rows come
 # from idx_awa_deferred_due (state, run_at, queue, priority, job_id) in order
 # and the scan stops after $1 of them; the paused queues are read once (an
 # init plan), and the claim lookup runs only for rows with a unique key. The
-# batch runs with PLANNER_SETTINGS_SQL: the planner underestimates the due
+# batch runs with PLANNER_SETTINGS: the planner underestimates the due
 # rows badly (the claim subplan's cost, queue_meta's missing statistics) and
 # would otherwise sort every due row on each batch (measured: 24 s for a
 # 50,000-row burst instead of ~3 s), and JIT compiles it for ~100-400 ms.
@@ -173,31 +175,24 @@ _PICK_SQL_TEMPLATE = """
           AND claim.unique_key = picked.unique_key
           AND claim.job_id = picked.job_id
         RETURNING claim.job_id
+    ),
+    lanes AS MATERIALIZED (
+        SELECT
+            per_lane.queue, per_lane.priority, per_lane.rows, per_lane.job_ids,
+            ($2::bigint % COALESCE(
+                (SELECT meta.enqueue_shards FROM awa.queue_meta AS meta
+                 WHERE meta.queue = per_lane.queue), 1))::smallint AS enqueue_shard
+        FROM (
+            SELECT queue, priority, count(*)::bigint AS rows, array_agg(job_id) AS job_ids
+            FROM picked
+            GROUP BY queue, priority
+        ) AS per_lane
     )
     SELECT
-        per_lane.queue, per_lane.priority, per_lane.rows, per_lane.job_ids,
-        ($2::bigint % COALESCE(
-            (SELECT meta.enqueue_shards FROM awa.queue_meta AS meta
-             WHERE meta.queue = per_lane.queue), 1))::smallint AS enqueue_shard
-    FROM (
-        SELECT queue, priority, count(*)::bigint AS rows, array_agg(job_id) AS job_ids
-        FROM picked
-        GROUP BY queue, priority
-    ) AS per_lane
-    ORDER BY per_lane.queue COLLATE "C", per_lane.priority
-"""
-
-# $1 queues, $2 priorities, $3 shards, $4 row counts (parallel arrays, in
-# lane order): the first position of each lane's block.
-RESERVE_SQL = """
-    SELECT {schema}.reserve_enqueue_seq(lane.queue, lane.priority, lane.enqueue_shard, lane.rows)
-               AS first_seq
-    FROM (
-        SELECT *
-        FROM unnest($1::text[], $2::smallint[], $3::smallint[], $4::bigint[])
-             WITH ORDINALITY AS lane(queue, priority, enqueue_shard, rows, position)
-        ORDER BY lane.position
-    ) AS lane
+        lane.queue, lane.priority, lane.enqueue_shard, lane.rows, lane.job_ids,
+        {{schema}}.reserve_enqueue_seq(lane.queue, lane.priority, lane.enqueue_shard, lane.rows)
+            AS first_seq
+    FROM (SELECT * FROM lanes ORDER BY queue COLLATE "C", priority, enqueue_shard) AS lane
 """
 
 # $1 queues, $2 priorities, $3 shards, $4 first positions, $5 row counts
@@ -229,7 +224,7 @@ FILE_SQL = """
           ON lanes.queue = moved.queue
          AND lanes.priority = moved.priority
     ),
-    -- Read with this statement's snapshot, taken after RESERVE got the lane
+    -- Read with this statement's snapshot, taken after PICK got the lane
     -- locks: see the lane-order invariant above.
     ring AS (
         SELECT current_slot, generation FROM {schema}.queue_ring_state WHERE singleton
@@ -288,8 +283,9 @@ def _pick_sql(state: str, selection: str) -> str:
     )
 
 
-#: Session settings for the batch's transaction (see above).
-PLANNER_SETTINGS_SQL = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
+#: Settings of the batch's transaction (see above; JIT is off on every
+#: connection of ours already).
+PLANNER_SETTINGS = {"enable_sort": "off"}
 #: The SQLSTATE reserve_enqueue_seq raises for a lane with no enqueue head.
 MISSING_LANE_SQLSTATE = "55000"
 
@@ -429,20 +425,18 @@ class PromoteResult:
 async def run_once(ctx: MaintenanceContext) -> PromoteResult:
     result = PromoteResult()
     started = trio.current_time()
+    schema = schema_name(ctx)
     try:
-        [due] = await ctx.db.fetch(DUE_STATES_SQL.format(schema=schema_name(ctx)))
+        [due] = await ctx.db.fetch(DUE_STATES_SQL.format(schema=schema))
     except DatabaseError as exc:
         log.error("%s: failed to promote due jobs (due check): %s", NAME, describe_error(exc))
         return result
-    layout = None
     for state in PROMOTABLE_STATES:
         if not due[state]:
             record_empty_pass(ctx, state, result, trio.current_time() - started)
             continue
-        layout = layout or await read_layout(ctx)
         try:
-            await ensure_lanes(ctx, layout.sql(MISSING_LANES_SQL[state]), result)
-            await promote_due_state(ctx, layout, state, result)
+            await promote_due_state(ctx, schema, state, result)
         except DatabaseError as exc:
             # A failure for one state must not keep the other one waiting.
             log.error("%s: failed to promote %s jobs: %s", NAME, state, describe_error(exc))
@@ -461,8 +455,8 @@ def record_empty_pass(ctx: MaintenanceContext, state: str, result: PromoteResult
 
 
 async def ensure_lanes(ctx: MaintenanceContext, missing_sql: str, result: PromoteResult) -> None:
-    """Create the lanes due rows need, so the batch statement can reserve
-    sequence numbers in them (a reservation in a missing lane is an error)."""
+    """Create the lanes due rows need, so the batch can reserve positions in
+    them (a reservation in a missing lane is an error)."""
     missing = await ctx.db.fetch(missing_sql, LANE_CHECK_WINDOW)
     if not missing:
         return
@@ -486,14 +480,20 @@ async def ensure_lanes(ctx: MaintenanceContext, missing_sql: str, result: Promot
     log.info("%s: created %d lanes for due jobs: %s", NAME, len(created), created)
 
 
-async def promote_due_state(ctx: MaintenanceContext, layout, state: str, result: PromoteResult) -> None:
-    """Up to PROMOTE_MAX_BATCHES_PER_TICK batches; stop at the first short one."""
-    pick_sql = layout.sql(PICK_BATCH_SQL[state])
-    lanes_rechecked = False
-    for _ in range(PROMOTE_MAX_BATCHES_PER_TICK):
+async def promote_due_state(ctx: MaintenanceContext, schema: str, state: str, result: PromoteResult) -> None:
+    """Up to PROMOTE_MAX_BATCHES_PER_TICK batches; stop at the first short one.
+
+    Lanes are not checked beforehand: a due row of a lane that has no
+    enqueue head yet (a queue or priority that never had a ready row) makes
+    the reservation fail with 55000; the lanes are then created and the
+    batch tried again, once."""
+    pick_sql = PICK_BATCH_SQL[state].format(schema=schema)
+    lanes_created = False
+    batches = 0
+    while batches < PROMOTE_MAX_BATCHES_PER_TICK:
         started = trio.current_time()
         try:
-            rows = await run_batch(ctx, layout, pick_sql, PROMOTE_BATCH_SIZE, next(_shard_rotor))
+            rows = await run_batch(ctx, schema, pick_sql, PROMOTE_BATCH_SIZE, next(_shard_rotor))
         except UniqueViolation as exc:
             log.warning(
                 "%s: a batch of %s jobs hit a unique-claim conflict (%s); promoting row by row",
@@ -502,16 +502,16 @@ async def promote_due_state(ctx: MaintenanceContext, layout, state: str, result:
                 exc,
             )
             result.row_by_row.append(state)
-            await promote_row_by_row(ctx, layout, state, result)
+            await promote_row_by_row(ctx, schema, state, result)
             # What is left is due again next tick, batched once more.
             return
         except QueryError as exc:
-            # A job of a brand-new lane came due after this tick's lane check.
-            if exc.sqlstate != MISSING_LANE_SQLSTATE or lanes_rechecked:
+            if exc.sqlstate != MISSING_LANE_SQLSTATE or lanes_created:
                 raise
-            lanes_rechecked = True
-            await ensure_lanes(ctx, layout.sql(MISSING_LANES_SQL[state]), result)
+            lanes_created = True
+            await ensure_lanes(ctx, MISSING_LANES_SQL[state].format(schema=schema), result)
             continue
+        batches += 1
         promoted = sum(row["promoted"] for row in rows)
         ctx.metrics.record_promotion_batch(state, promoted, trio.current_time() - started)
         result.batches += 1
@@ -521,26 +521,25 @@ async def promote_due_state(ctx: MaintenanceContext, layout, state: str, result:
             return
 
 
-async def run_batch(ctx: MaintenanceContext, layout, pick_sql: str, *pick_args) -> list:
-    """One batch in its own transaction, with the planner settings: PICK,
-    RESERVE, then FILE (three statements, so that FILE reads the ring with
-    the lane locks held; see the lane-order invariant above). Returns FILE's
-    rows, one per queue."""
-    async with ctx.db.transaction() as conn:
-        await conn.execute(PLANNER_SETTINGS_SQL)
+async def run_batch(ctx: MaintenanceContext, schema: str, pick_sql: str, *pick_args) -> list:
+    """One batch in its own transaction (planner settings sent with the
+    BEGIN): PICK, then FILE, a statement of its own so that it reads the
+    ring with the lane locks held (see the lane-order invariant above).
+    Returns FILE's rows, one per queue."""
+    async with ctx.db.transaction(local_settings=PLANNER_SETTINGS) as conn:
         lanes = await conn.fetch(pick_sql, *pick_args)
         if not lanes:
             return []
-        queues = [lane["queue"] for lane in lanes]
-        priorities = [lane["priority"] for lane in lanes]
-        shards = [lane["enqueue_shard"] for lane in lanes]
-        counts = [lane["rows"] for lane in lanes]
-        first_seqs = [
-            row["first_seq"]
-            for row in await conn.fetch(layout.sql(RESERVE_SQL), queues, priorities, shards, counts)
-        ]
         job_ids = [job_id for lane in lanes for job_id in lane["job_ids"]]
-        rows = await conn.fetch(layout.sql(FILE_SQL), queues, priorities, shards, first_seqs, counts, job_ids)
+        rows = await conn.fetch(
+            FILE_SQL.format(schema=schema),
+            [lane["queue"] for lane in lanes],
+            [lane["priority"] for lane in lanes],
+            [lane["enqueue_shard"] for lane in lanes],
+            [lane["first_seq"] for lane in lanes],
+            [lane["rows"] for lane in lanes],
+            job_ids,
+        )
         filed = sum(row["promoted"] for row in rows)
         if filed != len(job_ids):
             # Every picked row is locked by this transaction, so this means
@@ -551,16 +550,19 @@ async def run_batch(ctx: MaintenanceContext, layout, pick_sql: str, *pick_args) 
         return rows
 
 
-async def promote_row_by_row(ctx: MaintenanceContext, layout, state: str, result: PromoteResult) -> None:
+async def promote_row_by_row(ctx: MaintenanceContext, schema: str, state: str, result: PromoteResult) -> None:
     """The fallback for a refused batch: each due job in its own statement. A
     job whose claim is held elsewhere stays deferred (the next batch leaves it
     out until the claim is free)."""
-    ids = [row["job_id"] for row in await ctx.db.fetch(layout.sql(DUE_IDS_SQL[state]), PROMOTE_BATCH_SIZE)]
-    pick_sql = layout.sql(PICK_ONE_SQL[state])
+    ids = [
+        row["job_id"]
+        for row in await ctx.db.fetch(DUE_IDS_SQL[state].format(schema=schema), PROMOTE_BATCH_SIZE)
+    ]
+    pick_sql = PICK_ONE_SQL[state].format(schema=schema)
     promoted = 0
     for position, job_id in enumerate(ids):
         try:
-            rows = await run_batch(ctx, layout, pick_sql, 1, next(_shard_rotor), job_id)
+            rows = await run_batch(ctx, schema, pick_sql, 1, next(_shard_rotor), job_id)
         except UniqueViolation:
             log.warning(
                 "%s: %s job %d is due but another job holds its unique claim; "
