@@ -56,7 +56,7 @@ from ..branches.batch_operations import (
     OperationPlan,
 )
 from ..context import MaintenanceContext
-from ..db import Connection
+from ..db import Connection, QueryError
 from .layout import schema_name
 
 __all__ = ["NAME", "run_once", "storage_for"]
@@ -137,9 +137,11 @@ UPDATE_SCHEDULED_SQL = (
 )
 
 # Hold the claim heads of every lane with an entry of job $1, so no claimer
-# takes the entry while it is tombstoned and re-entered.
+# takes the entry while it is tombstoned and re-entered. The lanes are chosen
+# with this statement's snapshot, before the wait: LIVE_READY_ENTRY_SQL's
+# lane is checked against them afterwards.
 LOCK_SOURCE_LANES_SQL = """
-    SELECT claims.queue
+    SELECT claims.queue, claims.priority, claims.enqueue_shard
     FROM {schema}.queue_claim_heads AS claims
     WHERE (claims.queue, claims.priority, claims.enqueue_shard) IN (
         SELECT queue, priority, enqueue_shard FROM {schema}.ready_entries WHERE job_id = $1
@@ -148,8 +150,58 @@ LOCK_SOURCE_LANES_SQL = """
     FOR UPDATE OF claims
 """
 
-# Job $1's live ready entry (read after its lane's head is held).
-LIVE_READY_ENTRY_SQL = """
+# Evidence that the attempt of ready entry ``ready`` was already claimed,
+# as claim_ready_runtime reads it for a lane's head: a tombstone, a compact
+# claim batch covering the position, or any row of the next run lease. A
+# claimer commits its claim first and moves the lane's claim cursor in a
+# later transaction (which waits behind our lock on the claim head), so the
+# cursor alone would call a just-claimed job available, and re-entering it
+# would run it twice.
+_ATTEMPT_SPENT = """(
+    EXISTS (
+        SELECT 1 FROM {schema}.ready_tombstones AS tomb
+        WHERE tomb.ready_slot = ready.ready_slot
+          AND tomb.ready_generation = ready.ready_generation
+          AND tomb.queue = ready.queue
+          AND tomb.priority = ready.priority
+          AND tomb.enqueue_shard = ready.enqueue_shard
+          AND tomb.lane_seq = ready.lane_seq
+    )
+    OR EXISTS (
+        SELECT 1 FROM {schema}.ready_claim_attempt_batches AS attempts
+        WHERE attempts.ready_slot = ready.ready_slot
+          AND attempts.ready_generation = ready.ready_generation
+          AND attempts.queue = ready.queue
+          AND attempts.priority = ready.priority
+          AND attempts.enqueue_shard = ready.enqueue_shard
+          AND attempts.first_lane_seq <= ready.lane_seq
+          AND attempts.next_lane_seq > ready.lane_seq
+          AND attempts.lane_ranges @> int8range(ready.lane_seq, ready.lane_seq + 1, '[)')
+    )
+    OR EXISTS (SELECT 1 FROM {schema}.lease_claims AS claim
+               WHERE claim.job_id = ready.job_id AND claim.run_lease = ready.run_lease + 1)
+    OR EXISTS (SELECT 1 FROM {schema}.lease_claim_closures AS closure
+               WHERE closure.job_id = ready.job_id AND closure.run_lease = ready.run_lease + 1)
+    OR EXISTS (SELECT 1 FROM {schema}.receipt_completion_batches AS receipts
+               CROSS JOIN LATERAL unnest(receipts.job_ids, receipts.run_leases) AS done(job_id, run_lease)
+               WHERE receipts.job_ids @> ARRAY[ready.job_id]
+                 AND done.job_id = ready.job_id AND done.run_lease = ready.run_lease + 1)
+    OR EXISTS (SELECT 1 FROM {schema}.leases AS lease
+               WHERE lease.job_id = ready.job_id AND lease.run_lease = ready.run_lease + 1)
+    OR EXISTS (SELECT 1 FROM {schema}.done_entries AS done
+               WHERE done.job_id = ready.job_id AND done.run_lease = ready.run_lease + 1)
+    OR EXISTS (SELECT 1 FROM {schema}.deferred_jobs AS deferred
+               WHERE deferred.job_id = ready.job_id AND deferred.run_lease = ready.run_lease + 1)
+    OR EXISTS (SELECT 1 FROM {schema}.dlq_entries AS dlq
+               WHERE dlq.job_id = ready.job_id AND dlq.run_lease = ready.run_lease + 1)
+    OR EXISTS (SELECT 1 FROM {schema}.ready_entries AS later
+               WHERE later.job_id = ready.job_id AND later.run_lease = ready.run_lease + 1)
+)"""
+
+# Job $1's live ready entry (read after its lane's head is held, in a
+# statement of its own, so it sees every claim committed before the lock).
+LIVE_READY_ENTRY_SQL = (
+    """
     SELECT ready.ready_slot, ready.ready_generation, ready.queue, ready.priority,
            ready.enqueue_shard, ready.lane_seq
     FROM {schema}.ready_entries AS ready
@@ -159,19 +211,14 @@ LIVE_READY_ENTRY_SQL = """
      AND claims.enqueue_shard = ready.enqueue_shard
     WHERE ready.job_id = $1
       AND ready.lane_seq >= {schema}.sequence_next_value(claims.seq_name)
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.ready_tombstones AS tomb
-          WHERE tomb.ready_slot = ready.ready_slot
-            AND tomb.ready_generation = ready.ready_generation
-            AND tomb.queue = ready.queue
-            AND tomb.priority = ready.priority
-            AND tomb.enqueue_shard = ready.enqueue_shard
-            AND tomb.lane_seq = ready.lane_seq
-      )
+      AND NOT """
+    + _ATTEMPT_SPENT
+    + """
     ORDER BY ready.lane_seq DESC
     LIMIT 1
     FOR UPDATE OF ready
 """
+)
 
 ENQUEUE_SHARDS_SQL = """
     SELECT COALESCE(max(enqueue_shards), 1)::int FROM awa.queue_meta WHERE queue = $1
@@ -181,7 +228,11 @@ ENQUEUE_SHARDS_SQL = """
 LANE_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
 
 # Tombstone the old entry ($1-$7) and make sure the target lane ($8 queue,
-# $9 priority, $10 shard) exists.
+# $9 priority, $10 shard) exists. ``tombstoned`` is 0 when another
+# transaction (awa-pg's cancel, move or priority aging) tombstoned the entry
+# first: LIVE_READY_ENTRY_SQL may have waited for that transaction's row
+# lock, and a row that was locked but not updated is not re-checked, so its
+# answer predates that tombstone; the insert's conflict check does not.
 TOMBSTONE_AND_ENSURE_LANE_SQL = """
     WITH tombstone AS (
         INSERT INTO {schema}.ready_tombstones (
@@ -189,6 +240,7 @@ TOMBSTONE_AND_ENSURE_LANE_SQL = """
         )
         VALUES ($1, $2, $3, $4, $5, $6, $7)
         ON CONFLICT DO NOTHING
+        RETURNING 1
     ), lane AS (
         INSERT INTO {schema}.queue_lanes (queue, priority)
         VALUES ($8, $9)
@@ -197,10 +249,12 @@ TOMBSTONE_AND_ENSURE_LANE_SQL = """
         INSERT INTO {schema}.queue_enqueue_heads (queue, priority, enqueue_shard)
         VALUES ($8, $9, $10)
         ON CONFLICT DO NOTHING
+    ), claim_head AS (
+        INSERT INTO {schema}.queue_claim_heads (queue, priority, enqueue_shard)
+        VALUES ($8, $9, $10)
+        ON CONFLICT DO NOTHING
     )
-    INSERT INTO {schema}.queue_claim_heads (queue, priority, enqueue_shard)
-    VALUES ($8, $9, $10)
-    ON CONFLICT DO NOTHING
+    SELECT count(*) AS tombstoned FROM tombstone
 """
 
 ENSURE_LANE_SEQUENCES_SQL = "SELECT {schema}.ensure_lane_sequences($1, $2, $3)"
@@ -332,10 +386,15 @@ async def _reenter_available(
 ) -> bool:
     """Move an available job to the tail of its target lane; False when it
     is not available (any more) or already there."""
-    await conn.fetch(sql["lock_source_lanes"], job_id)
+    locked = {tuple(row) for row in await conn.fetch(sql["lock_source_lanes"], job_id)}
     entry = await conn.fetchrow(sql["live_ready_entry"], job_id)
     if entry is None:
         return False
+    if (entry["queue"], entry["priority"], entry["enqueue_shard"]) not in locked:
+        # The job changed lanes while we waited for the heads we chose: try
+        # the item again next tick (a serialization failure, as the runner
+        # reads it), rather than move an entry whose lane no one holds.
+        raise QueryError(f"job {job_id} changed lanes while its lane was being locked", sqlstate="40001")
     target_queue = queue if queue is not None else entry["queue"]
     target_priority = priority if priority is not None else entry["priority"]
     if (target_queue, target_priority) == (entry["queue"], entry["priority"]):
@@ -351,9 +410,11 @@ async def _reenter_available(
         entry["lane_seq"],
     )
     await conn.execute(LANE_LOCK_SQL, f"{schema}:{target_queue}:{target_priority}:{shard}")
-    await conn.execute(
+    tombstoned = await conn.fetchval(
         sql["tombstone_and_ensure_lane"], *old_key, job_id, target_queue, target_priority, shard
     )
+    if not tombstoned:
+        return False
     await conn.execute(sql["ensure_lane_sequences"], target_queue, target_priority, shard)
     position = await conn.fetchval(sql["reserve_position"], target_queue, target_priority, shard)
     row = await conn.fetchrow(
