@@ -337,6 +337,8 @@ class Connection:
     def __init__(self, raw: asyncpg.Connection, loop: trio_asyncio.TrioEventLoop):
         self._raw = raw
         self._loop = loop
+        self._manual_transaction = False
+        self._committed = False
 
     async def _call(self, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
         try:
@@ -402,7 +404,9 @@ class Connection:
         BEGIN itself, so it costs no statement of its own; so do
         ``local_settings`` (``SET LOCAL`` for this transaction only; names and
         values are our own constants, never user input), sent with the BEGIN
-        in one simple-protocol round trip."""
+        in one simple-protocol round trip. Such a transaction may end with
+        :meth:`commit_with`."""
+        self._committed = False
         if local_settings:
             begin = "BEGIN" + (f" ISOLATION LEVEL {_ISOLATION_SQL[isolation]}" if isolation else "")
             begin += "".join(
@@ -414,21 +418,36 @@ class Connection:
                 lambda: self._raw.execute("COMMIT"),
                 lambda: self._raw.execute("ROLLBACK"),
             )
+            self._manual_transaction = True
         else:
             tx = self._raw.transaction(isolation=isolation)
             start, commit, rollback = tx.start, tx.commit, tx.rollback
-        await self._call(start)
         try:
-            yield self
-        except BaseException:
-            with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
-                try:
-                    await self._call(rollback)
-                except DatabaseError as exc:
-                    log.debug("rollback failed: %s", exc)
-            raise
-        else:
-            await self._call(commit)
+            await self._call(start)
+            try:
+                yield self
+            except BaseException:
+                with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
+                    try:
+                        await self._call(rollback)
+                    except DatabaseError as exc:
+                        log.debug("rollback failed: %s", exc)
+                raise
+            else:
+                if not self._committed:
+                    await self._call(commit)
+        finally:
+            self._manual_transaction = False
+
+    async def commit_with(self, sql: str) -> None:
+        """Send ``sql`` (statements without parameters, ending in COMMIT) in
+        one simple-protocol round trip: the transaction's last statement and
+        its commit cost one round trip, not two. Only inside a transaction
+        opened with ``local_settings``; its results are not returned."""
+        if not self._manual_transaction:
+            raise RuntimeError("commit_with needs a transaction opened with local_settings")
+        await self._call(self._raw.execute, sql)
+        self._committed = True
 
     async def close(self) -> None:
         """Close politely, bounded and shielded; terminate if that fails."""

@@ -262,3 +262,19 @@ async def test_local_settings_go_with_the_begin_and_end_with_the_transaction(db)
         async with db.transaction(local_settings={"enable_sort": "off"}) as conn:
             await conn.execute("SELECT 1/0")
     assert await db.fetchval("SELECT 1") == 1
+
+
+async def test_commit_with_sends_the_last_statement_and_the_commit_together(db):
+    await db.execute("CREATE TABLE commit_with (n int)")
+    async with db.transaction(local_settings={"enable_sort": "off"}) as conn:
+        await conn.execute("INSERT INTO commit_with VALUES (1)")
+        await conn.commit_with("INSERT INTO commit_with VALUES (2); COMMIT")
+    assert await db.fetchval("SELECT array_agg(n ORDER BY n) FROM commit_with") == [1, 2]
+    # An error in the last statement: the COMMIT is not reached, all rolls back.
+    with pytest.raises(QueryError):
+        async with db.transaction(local_settings={"enable_sort": "off"}) as conn:
+            await conn.execute("INSERT INTO commit_with VALUES (3)")
+            await conn.commit_with("INSERT INTO commit_with VALUES (4); SELECT 1/0; COMMIT")
+    assert await db.fetchval("SELECT array_agg(n ORDER BY n) FROM commit_with") == [1, 2]
+    async with db.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM commit_with") == 2  # the pool's connections are clean

@@ -195,34 +195,35 @@ _PICK_SQL_TEMPLATE = """
     FROM (SELECT * FROM lanes ORDER BY queue COLLATE "C", priority, enqueue_shard) AS lane
 """
 
-# $1 queues, $2 priorities, $3 shards, $4 first positions, $5 row counts
-# (parallel arrays), $6 the picked job ids. A channel is an identifier:
-# workers LISTEN on "awa:<queue>" cut to 63 bytes (at a character boundary),
-# and pg_notify refuses a longer name, which would fail the whole batch, so
-# the channel is cut the same way.
-FILE_SQL = """
-    WITH lanes AS MATERIALIZED (
+# FILE is sent with the COMMIT in one simple-protocol round trip, so the lane
+# locks PICK took are held for that one round trip only (a producer of the
+# lane waits for them). The simple protocol takes no bind parameters: the
+# picked rows come as array literals of integers PICK returned ({job_ids},
+# and per job its lane's {first_seqs} and {shards}), built by file_sql().
+# A row whose lane is missing gets a NULL lane_seq and fails the statement
+# (ready_entries.lane_seq is NOT NULL), so a row is never deleted without
+# being filed. A channel is an identifier: workers LISTEN on "awa:<queue>"
+# cut to 63 bytes (at a character boundary), and pg_notify refuses a longer
+# name, which would fail the whole batch, so the channel is cut the same way.
+_FILE_SQL_TEMPLATE = """
+    WITH picked AS MATERIALIZED (
         SELECT *
-        FROM unnest($1::text[], $2::smallint[], $3::smallint[], $4::bigint[], $5::bigint[])
-             AS lane(queue, priority, enqueue_shard, first_seq, rows)
+        FROM unnest({job_ids}, {first_seqs}, {shards}) AS picked(job_id, first_seq, enqueue_shard)
     ),
     moved AS (
         DELETE FROM {schema}.deferred_jobs AS deferred
-        WHERE deferred.job_id = ANY($6::bigint[])
-        RETURNING deferred.*
+        USING picked
+        WHERE deferred.job_id = picked.job_id
+        RETURNING deferred.*, picked.first_seq AS lane_first_seq, picked.enqueue_shard AS lane_shard
     ),
     numbered AS (
         SELECT
             moved.*,
-            lanes.enqueue_shard,
-            lanes.first_seq - 1 + row_number() OVER (
+            moved.lane_first_seq - 1 + row_number() OVER (
                 PARTITION BY moved.queue, moved.priority
                 ORDER BY moved.run_at, moved.job_id
             ) AS lane_seq
         FROM moved
-        JOIN lanes
-          ON lanes.queue = moved.queue
-         AND lanes.priority = moved.priority
     ),
     -- Read with this statement's snapshot, taken after PICK got the lane
     -- locks: see the lane-order invariant above.
@@ -235,12 +236,16 @@ FILE_SQL = """
             first_lane_seq, next_lane_seq, first_run_at
         )
         SELECT
-            ring.current_slot, ring.generation, lanes.queue, lanes.priority,
-            lanes.enqueue_shard, lanes.first_seq, lanes.first_seq + lanes.rows, now()
-        FROM lanes CROSS JOIN ring
+            ring.current_slot, ring.generation, lane.queue, lane.priority,
+            lane.lane_shard, lane.lane_first_seq, lane.lane_first_seq + lane.rows, now()
+        FROM (
+            SELECT queue, priority, lane_shard, lane_first_seq, count(*) AS rows
+            FROM moved
+            GROUP BY queue, priority, lane_shard, lane_first_seq
+        ) AS lane
+        CROSS JOIN ring
         ON CONFLICT (ready_slot, ready_generation, queue, priority, enqueue_shard, first_lane_seq)
             DO NOTHING
-        RETURNING queue
     ),
     inserted AS (
         INSERT INTO {schema}.ready_entries (
@@ -251,7 +256,7 @@ FILE_SQL = """
         SELECT
             ring.current_slot, ring.generation, numbered.job_id, numbered.kind, numbered.queue,
             numbered.args, numbered.priority, numbered.attempt, numbered.run_lease,
-            numbered.max_attempts, numbered.lane_seq, numbered.enqueue_shard, now(),
+            numbered.max_attempts, numbered.lane_seq, numbered.lane_shard, now(),
             numbered.attempted_at, numbered.created_at, numbered.unique_key,
             numbered.unique_states,
             CASE WHEN numbered.payload IN ('{{}}'::jsonb, 'null'::jsonb) THEN NULL
@@ -259,18 +264,37 @@ FILE_SQL = """
         FROM numbered CROSS JOIN ring
         RETURNING queue
     )
-    SELECT per_queue.queue, per_queue.promoted, pg_notify(
-               CASE WHEN octet_length(per_queue.channel) <= 63 THEN per_queue.channel
-                    ELSE (SELECT left(per_queue.channel, length)
+    SELECT pg_notify(
+               CASE WHEN octet_length(channel) <= 63 THEN channel
+                    ELSE (SELECT left(channel, length)
                           FROM generate_series(63, 1, -1) AS length
-                          WHERE octet_length(left(per_queue.channel, length)) <= 63
+                          WHERE octet_length(left(channel, length)) <= 63
                           LIMIT 1)
-               END, '')::text AS notified
-    FROM (
-        SELECT queue, 'awa:' || queue AS channel, count(*)::bigint AS promoted
-        FROM inserted GROUP BY queue
-    ) AS per_queue
+               END, '')
+    FROM (SELECT DISTINCT 'awa:' || queue AS channel FROM inserted) AS queues;
+    COMMIT
 """
+
+
+def _int_array(values, sql_type: str) -> str:
+    """An array literal of integers (int() keeps anything else out of the SQL)."""
+    return f"ARRAY[{','.join(str(int(value)) for value in values)}]::{sql_type}[]"
+
+
+def file_sql(schema: str, lanes) -> str:
+    """FILE and COMMIT for PICK's lanes, as one simple-protocol query."""
+    job_ids, first_seqs, shards = [], [], []
+    for lane in lanes:
+        for job_id in lane["job_ids"]:
+            job_ids.append(job_id)
+            first_seqs.append(lane["first_seq"])
+            shards.append(lane["enqueue_shard"])
+    return _FILE_SQL_TEMPLATE.format(
+        schema=schema,
+        job_ids=_int_array(job_ids, "bigint"),
+        first_seqs=_int_array(first_seqs, "bigint"),
+        shards=_int_array(shards, "smallint"),
+    )
 
 
 def _pick_sql(state: str, selection: str) -> str:
@@ -512,7 +536,7 @@ async def promote_due_state(ctx: MaintenanceContext, schema: str, state: str, re
             await ensure_lanes(ctx, MISSING_LANES_SQL[state].format(schema=schema), result)
             continue
         batches += 1
-        promoted = sum(row["promoted"] for row in rows)
+        promoted = sum(row["rows"] for row in rows)
         ctx.metrics.record_promotion_batch(state, promoted, trio.current_time() - started)
         result.batches += 1
         result.promoted[state] = result.promoted.get(state, 0) + promoted
@@ -522,32 +546,15 @@ async def promote_due_state(ctx: MaintenanceContext, schema: str, state: str, re
 
 
 async def run_batch(ctx: MaintenanceContext, schema: str, pick_sql: str, *pick_args) -> list:
-    """One batch in its own transaction (planner settings sent with the
-    BEGIN): PICK, then FILE, a statement of its own so that it reads the
-    ring with the lane locks held (see the lane-order invariant above).
-    Returns FILE's rows, one per queue."""
+    """One batch in its own transaction, the planner setting sent with the
+    BEGIN: PICK, then FILE with the COMMIT (FILE a statement of its own, so
+    that it reads the ring with the lane locks held: see the lane-order
+    invariant above). Returns PICK's lanes (queue, rows, ...)."""
     async with ctx.db.transaction(local_settings=PLANNER_SETTINGS) as conn:
         lanes = await conn.fetch(pick_sql, *pick_args)
-        if not lanes:
-            return []
-        job_ids = [job_id for lane in lanes for job_id in lane["job_ids"]]
-        rows = await conn.fetch(
-            FILE_SQL.format(schema=schema),
-            [lane["queue"] for lane in lanes],
-            [lane["priority"] for lane in lanes],
-            [lane["enqueue_shard"] for lane in lanes],
-            [lane["first_seq"] for lane in lanes],
-            [lane["rows"] for lane in lanes],
-            job_ids,
-        )
-        filed = sum(row["promoted"] for row in rows)
-        if filed != len(job_ids):
-            # Every picked row is locked by this transaction, so this means
-            # the tables are not what this code expects: file nothing.
-            raise DatabaseError(
-                f"{len(job_ids)} due jobs picked but {filed} filed; the batch was rolled back"
-            )
-        return rows
+        if lanes:
+            await conn.commit_with(file_sql(schema, lanes))
+        return lanes
 
 
 async def promote_row_by_row(ctx: MaintenanceContext, schema: str, state: str, result: PromoteResult) -> None:
@@ -590,6 +597,6 @@ async def promote_row_by_row(ctx: MaintenanceContext, schema: str, state: str, r
             continue
         # Nothing returned: promoted, deleted or paused meanwhile, or waiting on its claim.
         for row in rows:
-            promoted += row["promoted"]
+            promoted += row["rows"]
             result.queues.add(row["queue"])
     result.promoted[state] = result.promoted.get(state, 0) + promoted
