@@ -630,7 +630,16 @@ class Database:
 
     @asynccontextmanager
     async def acquire(self) -> AsyncIterator[Connection]:
-        """Borrow a pooled connection for several statements."""
+        """Borrow a pooled connection for several statements.
+
+        It goes back to the pool after the borrower finished, after the
+        server refused a statement, and after an exception of the borrower's
+        own (not a database error, not a cancel): statements only return or
+        raise once the driver has read the whole reply, so the session is
+        idle then (a transaction left open is caught by the pool's check).
+        A blocked prune raises its own exception every few ticks under load;
+        closing its connection each time cost a reconnect (TLS negotiation
+        included) each time."""
         raw = await self._pool.acquire()
         clean = False
         try:
@@ -638,6 +647,9 @@ class Database:
             clean = True
         except QueryError:
             clean = True
+            raise
+        except Exception as exc:
+            clean = not isinstance(exc, DatabaseError)
             raise
         finally:
             self._pool.release(raw, clean=clean)

@@ -187,6 +187,20 @@ async def test_a_connection_refused_a_statement_is_lent_again(db):
     assert await db.fetchval("SELECT pg_backend_pid()") == session
 
 
+async def test_a_connection_whose_borrower_raised_its_own_exception_is_lent_again(db):
+    """A blocked prune raises its own exception after a completed statement
+    (inside a rolled-back transaction): the session is idle and is kept."""
+
+    class Blocked(Exception):
+        pass
+
+    with pytest.raises(Blocked):
+        async with db.transaction() as conn:
+            session = await conn.fetchval("SELECT pg_backend_pid()")
+            raise Blocked
+    assert await db.fetchval("SELECT pg_backend_pid()") == session
+
+
 async def test_pooled_connections_outlive_a_ten_second_lull(database_url):
     """Branches that tick together every 30 or 60 s find their connections
     still open (an idle leader used to reconnect every 7.5 s)."""
