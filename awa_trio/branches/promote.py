@@ -175,7 +175,7 @@ async def run_once(ctx: MaintenanceContext) -> PromoteResult:
             log.error("%s: failed to promote %s jobs: %s", NAME, state, describe_error(exc))
         count = result.promoted.get(state, 0)
         if count:
-            log.info("%s: promoted %d %s jobs", NAME, count, state)
+            log.debug("%s: promoted %d %s jobs", NAME, count, state)
     if result.duplicates_cancelled and ctx.hooks is not None:
         ctx.hooks.publish(JobCancelled(job, DUPLICATE_ERROR) for job in result.duplicates_cancelled)
     return result

@@ -466,7 +466,7 @@ async def run_once(ctx: MaintenanceContext) -> PromoteResult:
             log.error("%s: failed to promote %s jobs: %s", NAME, state, describe_error(exc))
         count = result.promoted.get(state, 0)
         if count:
-            log.info("%s: promoted %d %s jobs (%d queues)", NAME, count, state, len(result.queues))
+            log.debug("%s: promoted %d %s jobs (%d queues)", NAME, count, state, len(result.queues))
     return result
 
 

@@ -212,7 +212,7 @@ async def _prune_in_transaction(
     await conn.execute(sql.TRUNCATE_SLOT_SQL.format(children=children))
     await conn.execute(sql.DELETE_SLOT_LIVE_COUNTS_SQL.format(schema=schema), slot)
     if carried:
-        log.info(
+        log.debug(
             "%s: carried %d failed rows inside the retention floor from slot %d to the live slot %d",
             NAME,
             carried,

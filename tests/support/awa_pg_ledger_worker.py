@@ -16,6 +16,7 @@ kind:
 
 Usage: python awa_pg_ledger_worker.py DSN --queue Q [--queue Q2 ...]
        [--workers N] [--role auto|canonical_drain] [--lead] [--retry-after-s S]
+       [--start-option NAME=INTEGER ...]  (more options of awa-pg's start())
 Prints READY once started; SIGTERM shuts it down.
 """
 
@@ -40,7 +41,11 @@ async def main() -> None:
                         help="compete for leadership at once (default: wait 10 min first)")
     parser.add_argument("--retry-after-s", type=float, default=0.2)
     parser.add_argument("--callback-delay-s", type=float, default=0.2)
+    parser.add_argument("--start-option", action="append", default=[],
+                        help="NAME=INTEGER for awa-pg's start(), e.g. queue_storage_queue_rotate_interval_ms=200")
     args = parser.parse_args()
+    start_options = {name: int(value) for name, _, value in
+                     (option.partition("=") for option in args.start_option)}
 
     pool = await asyncpg.create_pool(args.dsn, min_size=1, max_size=8)
     client = awa.AsyncClient(args.dsn)
@@ -96,6 +101,7 @@ async def main() -> None:
         storage_transition_role=args.role,
         poll_interval_ms=50,
         leader_election_interval_ms=1000 if args.lead else 600_000,
+        **start_options,
     )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -148,10 +148,12 @@ def judge(inserted: Inserted, runs) -> Verdict:
 
 
 def worker_command(dsn: str, queues: list[str], *, role: str = "auto", lead: bool = False,
-                   workers: int = 16) -> list[str]:
+                   workers: int = 16, start_options: dict[str, int] | None = None) -> list[str]:
     command = [sys.executable, str(LEDGER_WORKER_SCRIPT), dsn, "--role", role, "--workers", str(workers)]
     for queue in queues:
         command += ["--queue", queue]
     if lead:
         command.append("--lead")
+    for name, value in (start_options or {}).items():
+        command += ["--start-option", f"{name}={value}"]
     return command
