@@ -133,10 +133,15 @@ def _make_queue_storage(dsn: str, **start_options) -> None:
     install: it finalises the database to queue storage, as every default
     Awa 0.6 deployment does. ``start_options`` go to its ``start()`` (a
     schema name, ring sizes). Judged by database state afterwards: the 0.6.1
-    runtime sometimes crashes at exit."""
+    runtime sometimes crashes at exit. Its own rings never rotate (it leads
+    while it waits for the switch, and under CI load that wait outlasts its
+    250 ms lease interval): every test starts from slot 0, generation 0."""
     import json
     import subprocess
     import sys
+
+    for ring in ("queue", "lease", "claim"):
+        start_options.setdefault(f"queue_storage_{ring}_rotate_interval_ms", 600_000)
 
     script = (
         "import asyncio, json, sys, awa\n"
@@ -162,6 +167,11 @@ def _make_queue_storage(dsn: str, **start_options) -> None:
         try:
             state = await conn.fetchrow("SELECT active_engine, state FROM awa.storage_status()")
             assert tuple(state) == ("queue_storage", "active"), f"queue storage not live: {state}"
+            schema = start_options.get("queue_storage_schema", "awa")
+            for ring in ("queue", "lease", "claim"):
+                cursor = await conn.fetchrow(
+                    f"SELECT current_slot, generation FROM {schema}.{ring}_ring_state WHERE singleton")
+                assert tuple(cursor) == (0, 0), f"the {ring} ring rotated while finalising: {tuple(cursor)}"
             # The runtime's own traces would look like a live fleet to tests.
             await conn.execute("DELETE FROM awa.runtime_instances")
         finally:
