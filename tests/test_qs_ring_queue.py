@@ -152,6 +152,23 @@ async def test_pending_ready_rows_skip_prune_before_any_exclusive_lock(qs_ctx, q
     assert (await slot_row_counts(qs_ctx.db, slot))["queue.ready_rows"] == 2
 
 
+async def test_an_unclaimed_row_of_another_generation_of_the_slot_skips_prune(qs_ctx, qs_awa_client):
+    # TRUNCATE empties the whole child: a ready row filed under an older
+    # generation of the slot (as a writer whose ring read is a lap old would
+    # file it) must hold the prune back like the slot's own rows.
+    slot, _ = await ring_state(qs_ctx.db)
+    [job_id] = await insert_jobs(qs_awa_client, 1, kind="ring_stale")
+    await qs_ctx.db.execute(
+        "UPDATE awa.ready_entries SET ready_generation = ready_generation - 100 WHERE job_id = $1", job_id)
+    await rotate_queue.rotate(qs_ctx)
+
+    result = await rotate_queue.prune(qs_ctx)
+
+    assert result.outcome is PruneOutcome.SKIPPED_ACTIVE
+    assert (result.slot, result.reason) == (slot, "queue.pending_ready")
+    assert (await slot_row_counts(qs_ctx.db, slot))["queue.ready_rows"] == 1
+
+
 async def test_an_open_claim_skips_prune_before_any_exclusive_lock(
         qs_ctx, qs_awa_client, qs_database_url):
     slot, _ = await ring_state(qs_ctx.db)

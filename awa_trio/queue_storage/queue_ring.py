@@ -99,9 +99,11 @@ def rotate_sql(schema: str) -> str:
     it (ours run in other actors, a foreign leader's anywhere) makes this
     tick a lost compare-and-set, tried again next tick, so the statement
     never waits on that row while it holds the children's share locks.
-    Rows committed while it ran can only have gone into the current slot
-    (producers write there, prune carries rows there), never into the slot
-    it checks, so one snapshot is enough.
+    One snapshot is enough for the check: writers file rows under the slot
+    they read as current after reserving their lane position (the
+    lane-order invariant in queue_storage/promote.py), and prune carries
+    rows into the current slot, so a row can reach the slot checked here
+    only from a writer whose ring read is a whole lap old.
 
     Once moved, it also finds the oldest sealed slot (as
     OLDEST_SEALED_SLOT_SQL: the slot rows it reads are those before its own
@@ -207,7 +209,11 @@ SLOT_GENERATION_SQL = "SELECT generation FROM {schema}.queue_ring_slots WHERE sl
 
 # Upstream's three skip gates, in one round trip ($1 slot, $2 generation):
 # - leases still pointing at the slot's generation;
-# - ready rows at or ahead of their lane's claim cursor (not yet claimed);
+# - ready rows at or ahead of their lane's claim cursor (not yet claimed), of
+#   any generation: TRUNCATE empties the whole child, so a row filed under
+#   another generation of this slot (only a writer that read the ring a lap
+#   ago could leave one) must block the prune, not vanish with it (upstream
+#   checks the slot's current generation only);
 # - receipt claims of the generation without as much closure evidence as
 #   claims (counted, not anti-joined: a mismatch is enough to make TRUNCATE
 #   unsafe, and the count stays cheap under a pinned MVCC horizon).
@@ -227,8 +233,7 @@ PRUNE_GATES_SQL = """
             FROM claim_cursors AS cursors
             CROSS JOIN LATERAL (
                 SELECT 1 FROM {ready_child} AS ready
-                WHERE ready.ready_generation = $2
-                  AND ready.queue = cursors.queue
+                WHERE ready.queue = cursors.queue
                   AND ready.priority = cursors.priority
                   AND ready.enqueue_shard = cursors.enqueue_shard
                   AND ready.lane_seq >= cursors.claim_seq
