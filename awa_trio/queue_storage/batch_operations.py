@@ -33,6 +33,30 @@ SKIP LOCKED, so it never waits on us; at worst one lane is passed over for
 the few milliseconds of one item. A lock we cannot get within the pool's
 ``lock_timeout`` leaves the item pending for the next tick.
 
+Concurrent writers, and what makes each pair safe:
+
+* **Claimers** (awa-pg's ``claim_ready_runtime``) lock the lane's claim
+  head ``SKIP LOCKED``, so while we hold it none claims in that lane. A
+  claim that committed just before we got the head may not have moved the
+  lane's cursor yet (the runtime moves it in a later transaction): the live
+  check reads the claim evidence the claimer reads itself (compact claim
+  batches, claims, closures, completions, leases and successor rows of the
+  next run lease), in a statement after the lock, so a claimed job is never
+  re-entered and run twice.
+* **awa-pg's cancel, move and priority aging** tombstone entries: our
+  tombstone insert says whether it inserted; if another transaction's
+  tombstone won (we may have waited for its row lock), nothing is moved. A
+  job that changed lanes while we waited for the heads we chose is left for
+  the next tick (SQLSTATE 40001).
+* **Producers and promotion** append to the target lane: the position is
+  reserved under the lane's transaction lock in a statement of its own and
+  the ring is read in the next one (the lane-order invariant in
+  :mod:`.promote`).
+* **Promotion of a scheduled job** being updated in place: both lock the
+  deferred row; whoever comes second sees the other's committed result.
+* **Rotation and prune**: the old entry is never truncated while unclaimed
+  (the prune's pending-ready gate), and the new one lands in the live slot.
+
 Not covered (as in upstream's default configuration): striped logical
 queues, whose stripe choice needs the runtime's queue config.
 """

@@ -46,6 +46,12 @@ Nothing is needed in ``prepared`` (routing has not flipped, the canonical set
 runs) or after finalize: finalize checks the backlog under the transition
 row's lock, and afterwards every insert routes to queue storage and no
 canonical row is left to claim, so no live canonical row can appear again.
+
+Concurrent writers: the drain writes no queue-storage table, only
+``awa.jobs_hot`` and ``awa.scheduled_jobs``, with the canonical branches'
+statements (rows picked ``FOR UPDATE SKIP LOCKED``, so a drain runtime
+claiming a row, or a foreign leader's drain, is never waited for and never
+meets a row twice).
 """
 
 from __future__ import annotations

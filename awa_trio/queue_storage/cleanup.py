@@ -26,6 +26,10 @@ for the global pass, ``awa.job.queue`` for an override queue, as upstream).
 
 Then the engine-independent steps of :mod:`awa_trio.branches.cleanup` run:
 runtime snapshots, descriptors and expired batch operations.
+
+Concurrent writers: rescues insert DLQ rows (recent ones, never past
+retention); awa-pg's ``retry_from_dlq`` / ``purge_dlq`` lock the rows they
+take, which the purge skips. The purge touches no ring table.
 """
 
 from __future__ import annotations

@@ -28,6 +28,15 @@ The prune holds the cursor row throughout, so no rotation can make its slot
 current under it; the gate runs before the exclusive lock (a doomed prune
 must not queue an ACCESS EXCLUSIVE in front of the hot path) and again after
 it (a writer that read the old cursor may commit while the lock waits).
+
+Concurrent writers: workers write leases and claims into the current slot
+and delete or close them in whatever slot they live; rescues delete leases
+and close claims. The live gates do not depend on generations (any lease
+left in a lease slot, each claim looked up in the closure ledgers), so a
+writer that read a stale cursor can only keep a slot busy, never lose a row
+to the TRUNCATE; a writer inside a child when the prune asks for its lock
+makes the prune Blocked. A foreign leader's rotation and prune meet ours on
+the cursor row, as above.
 """
 
 from __future__ import annotations
@@ -64,7 +73,9 @@ CURSOR_COLUMNS = ("current_slot", "generation", "slot_count", "moved", "oldest_c
 # the rotation, a foreign leader's at any time) makes the tick a lost
 # compare-and-set, tried again next tick, so the statement never waits on
 # that row while holding the children's share locks. Rows committed while it
-# ran can only be in the current slot, never in the one it checks.
+# ran went into the slot their writer read as current; only a writer whose
+# read is a whole lap old could write to the one it checks (and the live gates
+# would then keep that slot busy, not lose the row).
 #
 # The prune that follows wants to know whether the slot that will then be the
 # oldest sealed one has anything to reclaim ({oldest_clean}, over

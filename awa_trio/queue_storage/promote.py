@@ -28,6 +28,29 @@ the batch and stays deferred until the holder releases the claim; a conflict
 that appears after the check (a race, or two due jobs sharing a key in one
 batch) makes that batch fall back to one statement per row, so one row never
 holds up the others.
+
+Concurrent writers, and what makes each pair safe:
+
+* **Producers** (awa-pg's inserts and COPY, ``awa.insert_job_compat``) append
+  to the same lanes: both sides reserve positions under the lane's
+  transaction lock and read the ring in a later statement while holding it
+  (the lane-order invariant, below). A producer waits for our lock for the
+  one round trip of FILE and COMMIT.
+* **Another promoter** (a foreign leader, our own row-by-row fallback): due
+  rows are picked ``FOR UPDATE SKIP LOCKED``, so each row is moved once.
+* **awa-pg admin updates of a deferred row** (cancel, move, set priority)
+  lock the row; we skip it, or they wait for our commit and then find it
+  gone from ``deferred_jobs``.
+* **Unique claims**: the claim insert waits on a concurrent insert of the
+  same key and then raises 23505 (the batch goes row by row), never a
+  silent second holder.
+* **Rotation** moves the cursor while we run: FILE reads the ring once, in
+  its own snapshot taken with the lane locks held, and waits on nothing
+  after that, so its rows land in the slot that was live when it read it
+  (a prune never touches the live slot, and rotating a slot away and
+  pruning it takes a lap of rotations).
+* **Claimers** read only committed segments and entries; ours become
+  visible with the commit, whole.
 """
 
 from __future__ import annotations

@@ -55,6 +55,30 @@ follow-up jobs, events) run right after its commit, so a cancellation
 leaves every batch applied or untouched (a cancellation during a batch's
 side effects cuts them short, as a crash would: follow-ups are best-effort,
 as upstream).
+
+Concurrent writers, and what makes each pair safe:
+
+* **The worker of the attempt** (completing, failing, heartbeating,
+  registering a callback): a lease is taken by deleting its row ``SKIP
+  LOCKED``, so a worker that is writing it keeps it, and one that committed
+  first leaves nothing to delete. A receipt claim is taken only with the
+  worker's completion advisory lock (``pg_try_advisory_xact_lock``, skipped
+  when held), and the closure check runs again in a new statement after the
+  locks, so a completion that committed meanwhile is seen and the claim is
+  left alone.
+* **Another rescuer** (a foreign leader, our other rescue branches): the
+  same ``SKIP LOCKED`` row locks and try-locks, so each attempt is settled
+  once.
+* **Prune and rollup of the attempt's queue slot**: an open lease or claim
+  is a gate of both, and stays visible until the settle statement commits
+  its successor rows (done row, count delta, closure) under the attempt's
+  own ``(ready_slot, ready_generation)``, which the gates read after their
+  locks. The settle statement reads every ``ready_entries`` partition, so it
+  holds their share locks before a prune's ACCESS EXCLUSIVE can be granted.
+* **Unique claims** are moved with ``ON CONFLICT ... WHERE`` the holder is
+  this job; a newer duplicate keeps its claim and this job ends cancelled.
+* **DLQ rows** (an expired callback on its last attempt) are inserted by the
+  settle statement itself; the DLQ purge only deletes rows past retention.
 """
 
 from __future__ import annotations

@@ -21,6 +21,28 @@ Deliberate differences from upstream:
   gates after the lock wait see what committed during it.
 
 The queue ring has no rescue cursors to reset: those live on the claim ring.
+
+Concurrent writers, and what makes each pair safe:
+
+* **Producers, promotion, move_queue** write only into the slot they read
+  as current after reserving their lane position (the lane-order invariant
+  in :mod:`.promote`); rotation checks the slot after the current one, which
+  only a writer whose ring read is a whole lap old could write to.
+* **A foreign leader's rotation or prune, our rollup**: the ring-state row
+  serialises them. Rotation locks it ``SKIP LOCKED`` and moves the cursor by
+  compare-and-set (a lost race is a no-op); prune and rollup lock it
+  ``FOR UPDATE`` for their whole transaction.
+* **Workers and rescues completing attempts of the slot** (done rows,
+  receipt completions, count deltas): while an attempt of the slot is open
+  (a lease, a claim without closure) or an entry is unclaimed, the gates
+  skip the prune. The gates run again after the ACCESS EXCLUSIVE lock, READ
+  COMMITTED, so a completion that committed during the wait is seen, and
+  the fold into the rollups reads the children themselves (ground truth).
+  A writer already inside a child holds a lock that makes the prune
+  Blocked (10 ms lock timeout, retried with backoff), never waited for.
+* **Claimers and readers of the slot** hold share locks: the same Blocked.
+* The pending-ready gate looks at every generation in the child, since
+  TRUNCATE empties them all.
 """
 
 from __future__ import annotations

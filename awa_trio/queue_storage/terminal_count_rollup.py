@@ -24,6 +24,14 @@ slot's current generation, then truncates the whole child, so delta rows of
 any other generation left in it would vanish unfolded. Here the child is
 truncated only when it holds nothing else; otherwise only the folded
 generation's rows are deleted.
+
+Concurrent writers: completions and rescues append deltas to the slot of
+their attempt. A writer already in the delta child when the rollup asks
+for its lock makes the rollup Blocked; one that comes after the TRUNCATE
+writes into the emptied child and is folded next time. Rotation, prune and
+a foreign leader's rollup meet it on the ring-state row (locked ``FOR
+UPDATE``), and the gates and the horizon are read again after the locks,
+READ COMMITTED.
 """
 
 from __future__ import annotations
