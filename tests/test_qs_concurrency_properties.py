@@ -217,8 +217,7 @@ async def drain(ctx, db, inserted: Inserted) -> None:
             await rotate_queue.run_once(ctx)
             await rotate_lease.run_once(ctx)
             await rotate_claim.run_once(ctx)
-            ran = await db.fetchval(RUN_COUNT_SQL)
-            live = await db.fetch(LIVE_JOBS_SQL, list(LIVE_STATES))
-            if ran >= expected and not live:
+            if (await db.fetchval(RUN_COUNT_SQL) >= expected
+                    and not await db.fetch(LIVE_JOBS_SQL, list(LIVE_STATES))):
                 return
             await trio.sleep(0.1)
