@@ -85,6 +85,14 @@ class ConnectionLost(DatabaseError):
     """The connection is closed, reset, terminated, or could not be opened."""
 
 
+class DatabaseClosed(ConnectionLost):
+    """A statement on a :class:`Database` whose ``open_database`` block has
+    exited: it fails at once (a task that outlived the block)."""
+
+
+CLOSED_MESSAGE = "the database is closed: its open_database block has exited"
+
+
 class QueryError(DatabaseError):
     """The server rejected a statement (the session itself is still usable)."""
 
@@ -237,6 +245,8 @@ class _Pool:
         return raw
 
     async def acquire(self) -> asyncpg.Connection:
+        if self._closed:
+            raise DatabaseClosed(CLOSED_MESSAGE)
         try:
             # No checkpoint of its own when a slot is free (the statement that
             # follows checkpoints): one scheduler pass less per statement.
@@ -252,6 +262,10 @@ class _Pool:
         except BaseException:
             self._free_slots.release()
             raise
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def release(self, raw: asyncpg.Connection, *, clean: bool) -> None:
         self._free_slots.release()
@@ -371,6 +385,15 @@ class Connection:
     def backend_pid(self) -> int:
         pid: int = self._raw.get_server_pid()
         return pid
+
+    @property
+    def server_address(self) -> str:
+        """``host:port`` (or the socket path) this connection reached: with a
+        multi-host URL, the host that answered."""
+        address = getattr(self._raw, "_addr", None)
+        if isinstance(address, tuple) and len(address) >= 2:
+            return f"{address[0]}:{address[1]}"
+        return str(address) if address else "the server"
 
     def is_closed(self) -> bool:
         closed: bool = self._raw.is_closed()
@@ -511,17 +534,29 @@ async def _drive(coro: Any) -> Any:
         future.add_done_callback(wake)
 
         def abort(raise_cancel_arg: Callable[[], Any], future: Any = future) -> trio.lowlevel.Abort:
+            # Runs inside Trio's cancel delivery: it must never raise, or the
+            # cancel is lost for the whole scope (and a stop never stops).
             nonlocal raise_cancel, aborting
             if raise_cancel is None:
                 raise_cancel = raise_cancel_arg
                 aborting = True
                 try:
                     future.cancel()
+                except Exception as exc:
+                    # The asyncio loop is closed (its open_database block has
+                    # exited under us): no callback will ever settle the
+                    # future, so the cancel is delivered here and now.
+                    log.debug("cancelling a statement on a closed loop: %s: %s", type(exc).__name__, exc)
+                    return trio.lowlevel.Abort.SUCCEEDED
                 finally:
                     aborting = False
             return trio.lowlevel.Abort.FAILED  # wait for the future to settle
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        try:
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        except BaseException:
+            coro.close()
+            raise
 
 
 async def _bridge(
@@ -537,6 +572,8 @@ async def _bridge(
     call from this Trio task (:func:`_drive`): for statements, which await
     nothing but the connection's own futures. Connecting, closing and
     listening run as asyncio tasks (they use timeouts and task identity)."""
+    if loop.is_closed():
+        raise DatabaseClosed(CLOSED_MESSAGE)
     try:
         if direct:
             return await _drive(func(*args, **kwargs))
@@ -673,6 +710,8 @@ class Database:
     ) -> Connection:
         """A connection outside the pool (the leader lock lives on one), with
         extra session settings. The caller must ``close()`` it."""
+        if self._pool.closed:
+            raise DatabaseClosed(CLOSED_MESSAGE)
         kwargs = dict(self._connect_kwargs)
         settings = dict(kwargs.pop("server_settings", {}))
         settings.update(server_settings or {})
