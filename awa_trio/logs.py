@@ -215,8 +215,8 @@ def connection_recovered(key: str, logger: logging.Logger, *, since: float | Non
         return
     del _OPEN_EPISODES[key]
     logger.info(
-        "%s: database connection works again after %d failure%s in %.1fs",
-        key,
+        "%sdatabase connection works again after %d failure%s in %.1fs",
+        "" if key == logger.name else f"{key}: ",  # the format shows the logger's name already
         episode.failures,
         "" if episode.failures == 1 else "s",
         _now() - episode.started,

@@ -208,3 +208,17 @@ async def test_every_outage_warns_once_again_after_the_election_reached_the_serv
         loud = [r for r in failures if r.levelno >= logging.WARNING]
         assert len(failures) >= 3, "the election failed repeatedly in each outage"
         assert len(loud) == 1, [(r.levelname, r.getMessage()) for r in failures]
+
+
+def test_a_recovery_line_names_its_logger_once(caplog):
+    """The election's episode is keyed by its logger's name, which the log
+    format already shows: the message must not repeat it."""
+    from awa_trio.logs import ConnectionEpisodeFilter, connection_recovered
+
+    logger = logging.getLogger("awa_trio.leadership")
+    caplog.set_level(logging.INFO, logger="awa_trio.leadership")
+    caplog.handler.addFilter(ConnectionEpisodeFilter())
+    logger.warning("leader election attempt failed: connection refused")
+    connection_recovered(logger.name, logger)
+    [recovered] = [r.getMessage() for r in caplog.records if "works again" in r.getMessage()]
+    assert recovered.startswith("database connection works again after 1 failure in ")
