@@ -14,6 +14,10 @@ Failure policy:
 * a :class:`~awa_trio.db.DatabaseError` or a body running past
   ``branch_timeout`` is logged with the branch name, and the branch runs
   again at its next tick;
+* a body that carries on past a failure of its own (promotion of one state
+  failing while the other goes on, a rescue row skipped) logs it at ERROR:
+  such a body counts as failed too (the branch-error metric, ``last_error``
+  in /status), so a branch that fails every tick never looks healthy;
 * any other exception is a bug: :func:`supervise_branch` logs it with its
   traceback and restarts that branch (its next body runs one interval
   later). More than ``branch_restart_limit`` crashes within
@@ -27,6 +31,7 @@ Failure policy:
 from __future__ import annotations
 
 import collections
+import contextvars
 import dataclasses
 import logging
 import math
@@ -44,6 +49,28 @@ if TYPE_CHECKING:
     from .tracker_actor import TrackerClient
 
 log = logging.getLogger(__name__)
+
+#: ERROR lines logged by awa_trio while the current body runs (None outside one).
+BODY_ERRORS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "awa_trio_body_errors", default=None
+)
+
+
+class _BodyErrorCollector(logging.Handler):
+    """Collects awa_trio's ERROR records into the running body's list; it
+    writes nothing anywhere (the application's handlers do that)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        errors = BODY_ERRORS.get()
+        if errors is not None:
+            errors.append(record.getMessage())
+
+
+_COLLECTOR = _BodyErrorCollector()
+logging.getLogger("awa_trio").addHandler(_COLLECTOR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +124,8 @@ class BodyOutcome:
 async def run_body(spec: BranchSpec, ctx: MaintenanceContext) -> BodyOutcome:
     """One body, with the expected faults logged and swallowed."""
     started = trio.current_time()
+    errors: list[str] = []
+    token = BODY_ERRORS.set(errors)
     try:
         with trio.fail_after(ctx.config.branch_timeout):
             result = await spec.run_once(ctx)
@@ -112,6 +141,13 @@ async def run_body(spec: BranchSpec, ctx: MaintenanceContext) -> BodyOutcome:
             ctx.config.branch_timeout,
         )
         return BodyOutcome(error=f"ran longer than branch_timeout ({ctx.config.branch_timeout:g}s)")
+    finally:
+        BODY_ERRORS.reset(token)
+    if errors:
+        # The body went on past failures it logged itself.
+        ctx.metrics.record_branch_error(spec.name)
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return BodyOutcome(result=result, error=f"{errors[0]}{more}")
     # Closes a connection-trouble episode the log filter opened (the body may
     # have logged its own errors, step by step, and still come back).
     connection_recovered(spec.name, log, since=started)
