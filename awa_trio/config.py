@@ -227,8 +227,9 @@ class MaintenanceConfig:
     leader_election_interval: float = setting(
         DEFAULT_LEADER_ELECTION_INTERVAL,
         INTERVAL,
-        "How long a node waits after a failed election attempt or leadership term before it "
-        "tries again (healthy followers poll every takeover_poll_interval).",
+        "Ceiling of the wait after a failed election attempt or leadership term (errors retry "
+        "after 100 ms, doubling up to 1 s or this, whichever is shorter; healthy followers poll "
+        "every takeover_poll_interval); a node that gave up leadership stays out twice this.",
     )
     leader_check_interval: float = setting(
         DEFAULT_LEADER_CHECK_INTERVAL, INTERVAL, "How often the leader verifies it still holds the lock."
@@ -382,8 +383,7 @@ class MaintenanceConfig:
         INTERVAL,
         "How often a follower tries the leader lock (pg_try_advisory_lock, which never waits "
         "and holds no snapshot between tries): the bound on takeover after a leader dies. A "
-        "leader's graceful release wakes followers at once; leader_election_interval applies "
-        "after errors.",
+        "leader's graceful release wakes followers at once.",
     )
     hook_timeout: float = setting(
         DEFAULT_HOOK_TIMEOUT, INTERVAL, "Longest a lifecycle hook handler may run before it is cancelled."

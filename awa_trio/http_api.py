@@ -8,8 +8,9 @@ its Trio worker) inside the caller's nursery, so it stops with the service:
   ``awa_trio_*`` leader metrics, from the prometheus_client registry that
   :func:`prometheus_meter_provider` feeds;
 * ``GET /livez``: 200 while the Trio loop answers;
-* ``GET /readyz``: 200 when the database answers and its schema is one
-  awa_trio maintains, leader or follower; 503 with the reason otherwise;
+* ``GET /readyz``: 200 when the database answers, its schema is one
+  awa_trio maintains and its server is a writable primary, leader or
+  follower; 503 with the reason otherwise;
 * ``GET /status``: JSON: leadership, schema and storage state, and per
   branch the tracker actor's snapshot (last run, duration, error, cooldown,
   prune backoff), plus the hook queue depth.
@@ -106,6 +107,9 @@ class StatusApp:
             }
         except (DatabaseError, UnsupportedSchema) as exc:
             return False, {**body, "ready": False, "reason": str(exc)}
+        if self.service.not_leading_reason is not None:
+            # It would never lead there: not ready, whatever else is fine.
+            return False, {**body, "ready": False, "reason": self.service.not_leading_reason}
         return True, {
             **body,
             "ready": True,

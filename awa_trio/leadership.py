@@ -6,13 +6,14 @@
         | follower | -----------------------------> | leader |
         +----------+                                 +--------+
           ^   |  false: wait takeover_poll_interval,   |  |
-          |   |  or less if a leader NOTIFYs release   |  | lock connection closed or
-          |   |  error: wait leader_election_interval  |  | check failed: cancel the
+          |   |  or less if a leader NOTIFYs release   |  | lock connection closed,
+          |   |  error: back off 0.1 s doubling to 1 s |  | check failed, server no
+          |   |  not a writable primary: no try, wait  |  | longer writable: cancel the
           |   +--------------<-------------------------+  | leader scope, retry at once
           +------ a branch kept crashing: release the ----+
                   lock, stay out 2 election intervals;
                   a database error starting the term:
-                  release, stay out 1 election interval
+                  release, back off as after an error
 
 The lock is session-level, held on a dedicated (non-pooled) connection, with
 the key every Awa runtime uses, so a mixed fleet elects exactly one leader.
@@ -31,7 +32,18 @@ crashed leader's backend exits as soon as the kernel closes its socket, so
 its lock is free within milliseconds and the next try takes it. On a
 graceful release the leader unlocks and, in the same statement, NOTIFYs
 ``awa_trio_leader_released``; followers LISTEN on their election
-connection and try at once. Errors back off by ``leader_election_interval``.
+connection and try at once. Errors back off from 100 ms, doubling up to
+1 s (or ``leader_election_interval`` if shorter), so a node leads again
+within about a second of its server (a restarted one, a promoted standby
+behind a multi-host URL with ``target_session_attrs=read-write``) accepting
+writes, and a long outage costs one connection attempt a second.
+
+Only a writable primary is led from. The try and every lock check also read
+``pg_is_in_recovery()`` and ``transaction_read_only``: on a standby or a
+read-only server the lock is not tried (advisory locks work on a standby and
+are not replicated: a "leader" there would be a second one whose every
+write fails), a leader whose server turns read-only steps down, and the
+reason is logged once, kept for /readyz (not ready) and /status.
 
 A silent partition has a second half: the server keeps a vanished leader's
 session, and with it the lock, until TCP gives up on the client, which with
@@ -68,7 +80,23 @@ MAX_CHECK_TIMEOUT = 10.0
 ABANDON_PENALTY_INTERVALS = 2
 HISTORY_LENGTH = 100
 
-TRY_LOCK_SQL = "SELECT pg_try_advisory_lock($1)"
+# The lock is tried only on a writable primary: advisory locks work on a hot
+# standby (and are not replicated), so a "leader" there would be a second
+# one whose every write fails with 25006; a read-only server
+# (default_transaction_read_only on the role, the database or the URL) would
+# keep the lock from a healthy node elsewhere while every branch fails.
+WRITABLE_SQL = "(NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off')"
+TRY_LOCK_SQL = f"""
+    SELECT pg_is_in_recovery() AS in_recovery,
+           current_setting('transaction_read_only') = 'on' AS read_only,
+           CASE WHEN {WRITABLE_SQL} THEN pg_try_advisory_lock($1) ELSE false END AS acquired
+"""
+#: Errors retry after this, doubling up to MAX_ERROR_BACKOFF (or the election
+#: interval if shorter): a failover or a restart is led again within about a
+#: second of the server accepting writes, and an outage costs one cheap
+#: connection attempt a second.
+FIRST_ERROR_BACKOFF = 0.1
+MAX_ERROR_BACKOFF = 1.0
 #: Followers LISTEN here; a leader NOTIFYs it as it lets the lock go.
 RELEASE_CHANNEL = "awa_trio_leader_released"
 # The notification is delivered when this statement's transaction ends,
@@ -92,8 +120,25 @@ HOLDS_LOCK_SQL = """
           AND classid::bigint = ($1::bigint >> 32)
           AND objid::bigint = ($1::bigint & 4294967295)
           AND objsubid = 1
-    )
+    ) AS held,
+    pg_is_in_recovery() AS in_recovery,
+    current_setting('transaction_read_only') = 'on' AS read_only
 """
+
+
+def unwritable_reason(server: str, in_recovery: bool, read_only: bool) -> str | None:
+    """Why a server cannot be led from (one line naming the fix), or None."""
+    if in_recovery:
+        return (
+            f"{server} is a standby (in recovery): point awa_trio at the primary, or list every "
+            "host in the URL with target_session_attrs=read-write"
+        )
+    if read_only:
+        return (
+            f"{server} is read-only for this session (default_transaction_read_only is on for the "
+            "role, the database or the URL): turn it off for the maintenance role"
+        )
+    return None
 
 
 def lock_keepalive_settings(budget: float) -> dict[str, str]:
@@ -131,6 +176,8 @@ class LeadershipState:
         self.lock_backend_pid: int | None = None
         #: Recent (trio time, is_leader) changes, newest last; for diagnostics and tests.
         self.history: collections.deque[tuple[float, bool]] = collections.deque(maxlen=HISTORY_LENGTH)
+        #: Why this node cannot lead now (a standby, a read-only server), or None.
+        self.not_leading_reason: str | None = None
         self._changed = trio.Event()
 
     def set_leader(self, value: bool) -> None:
@@ -148,6 +195,24 @@ class LeadershipState:
     async def wait_until(self, leader: bool) -> None:
         while self.is_leader != leader:
             await self.wait_for_change()
+
+
+class ErrorBackoff:
+    """Sleeps after errors: FIRST_ERROR_BACKOFF, doubling up to
+    MAX_ERROR_BACKOFF (or ``ceiling`` if shorter); reset once the server
+    answers."""
+
+    def __init__(self, ceiling: float):
+        self._ceiling = min(MAX_ERROR_BACKOFF, ceiling)
+        self._next = min(FIRST_ERROR_BACKOFF, self._ceiling)
+
+    def reset(self) -> None:
+        self._next = min(FIRST_ERROR_BACKOFF, self._ceiling)
+
+    async def sleep(self) -> None:
+        delay = self._next
+        self._next = min(self._ceiling, self._next * 2)
+        await trio.sleep(delay)
 
 
 class LeaderElector:
@@ -169,25 +234,30 @@ class LeaderElector:
         self.lock_connection: Connection | None = None
         #: Set when a leader announced a graceful release (see RELEASE_CHANNEL).
         self._release_heard = trio.Event()
+        #: The election connection that LISTENs for release notices (a standby's does not).
+        self._listening_on: Connection | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         candidate: Connection | None = None
+        backoff = ErrorBackoff(self._config.leader_election_interval)
         try:
             while True:
                 candidate, acquired = await self._try_acquire(candidate)
                 if not acquired:
                     if candidate is None:
-                        await trio.sleep(self._config.leader_election_interval)
+                        await backoff.sleep()
                     else:
+                        backoff.reset()
                         await self._wait_for_next_try()
                     continue
+                backoff.reset()
                 lock, candidate = candidate, None
                 outcome = await self._hold(lock)
                 if outcome is TermOutcome.ABANDONED:
                     await trio.sleep(ABANDON_PENALTY_INTERVALS * self._config.leader_election_interval)
                 elif outcome is TermOutcome.FAILED:
-                    await trio.sleep(self._config.leader_election_interval)
+                    await backoff.sleep()
         finally:
             if candidate is not None:
                 await candidate.close()
@@ -211,8 +281,12 @@ class LeaderElector:
                     application_name=LOCK_APPLICATION_NAME,
                     server_settings=lock_keepalive_settings(self._config.lock_keepalive),
                 )
+            [row] = await conn.fetch(TRY_LOCK_SQL, LOCK_KEY)
+            if not row["in_recovery"] and conn is not self._listening_on:
+                # A standby refuses LISTEN: its session starts listening
+                # once it is promoted (it polls meanwhile).
                 await conn.listen(RELEASE_CHANNEL, self._on_release_notice)
-            acquired = bool(await conn.fetchval(TRY_LOCK_SQL, LOCK_KEY))
+                self._listening_on = conn
         except DatabaseError as exc:
             log.warning("leader election attempt failed: %s", exc)
             if conn is not None:
@@ -220,7 +294,25 @@ class LeaderElector:
             return None, False
         # The server answered: the next outage's first failure warns again.
         connection_recovered(log.name, log)
-        return conn, acquired
+        self._note_writability(unwritable_reason(conn.server_address, row["in_recovery"], row["read_only"]))
+        if row["read_only"] and not row["in_recovery"]:
+            # A session keeps the read-only default it started with: only a
+            # new one sees the role or database changed back (retried with
+            # the error backoff). A standby's session, by contrast, sees its
+            # promotion in place and polls on.
+            await conn.close()
+            return None, False
+        return conn, bool(row["acquired"])
+
+    def _note_writability(self, reason: str | None) -> None:
+        """One line when a server turns out not to be writable, one when it is again."""
+        if reason == self._state.not_leading_reason:
+            return
+        if reason is not None:
+            log.warning("not leading: %s", reason)
+        else:
+            log.info("the server is a writable primary again; taking part in the election")
+        self._state.not_leading_reason = reason
 
     async def _hold(self, lock: Connection) -> TermOutcome:
         """Lead until the lock is lost or a branch gives up; always release."""
@@ -270,15 +362,22 @@ class LeaderElector:
                 break
             try:
                 with trio.fail_after(check_timeout):
-                    held = await lock.fetchval(HOLDS_LOCK_SQL, LOCK_KEY)
+                    [row] = await lock.fetch(HOLDS_LOCK_SQL, LOCK_KEY)
             except DatabaseError as exc:
                 reason = f"lock check failed: {exc}"
                 break
             except trio.TooSlowError:
                 reason = f"lock check failed: no answer within {check_timeout:g}s"
                 break
-            if not held:
+            if not row["held"]:
                 reason = "advisory lock no longer held by this session"
+                break
+            unwritable = unwritable_reason(lock.server_address, row["in_recovery"], row["read_only"])
+            if unwritable is not None:
+                # Demoted (or made read-only) under us: step down, and wait
+                # as a follower until a writable primary is there again.
+                self._note_writability(unwritable)
+                reason = f"stepping down: {unwritable}"
                 break
         self._state.set_leader(False)
         log.warning("lost maintenance leadership: %s", reason)

@@ -106,6 +106,12 @@ class MaintenanceService:
         return list(self._state.history)
 
     @property
+    def not_leading_reason(self) -> str | None:
+        """Why this node cannot lead now (its server is a standby or
+        read-only), or None: /readyz and /status say it."""
+        return self._state.not_leading_reason
+
+    @property
     def lock_backend_pid(self) -> int | None:
         """pid of the backend holding the leader lock while leading."""
         return self._state.lock_backend_pid
@@ -145,6 +151,7 @@ class MaintenanceService:
             "term": self._term if self.is_leader else None,
             "term_started_at": self._term_started_at if self.is_leader else None,
             "lock_backend_pid": self.lock_backend_pid,
+            "not_leading_reason": self.not_leading_reason,
             "schema_version": schema.version if schema else None,
             "engine": schema.engine if schema else None,
             "transition_state": schema.state if schema else None,

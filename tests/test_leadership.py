@@ -222,9 +222,11 @@ class ElectionRecorder:
     async def listen(self, channel: str, callback) -> None:
         self.listening.append(channel)
 
-    async def fetchval(self, sql: str, *args):
+    async def fetch(self, sql: str, *args):
         self.attempts.append((trio.current_time(), "lock taken"))
-        return False
+        return [{"in_recovery": False, "read_only": False, "acquired": False}]
+
+    server_address = "recorder:5432"
 
     def is_closed(self) -> bool:
         return False
@@ -236,24 +238,40 @@ class ElectionRecorder:
 async def test_election_tries_at_once_backs_off_after_errors_and_polls_fast_while_healthy(
     autojump_clock, caplog
 ):
-    """Errors are spaced by leader_election_interval; a healthy follower
-    tries every takeover_poll_interval on the same connection."""
+    """Errors back off from 0.1 s, doubling up to 1 s (the election interval
+    being longer); a healthy follower tries every takeover_poll_interval on
+    the same connection."""
     config = MaintenanceConfig(leader_election_interval=10, takeover_poll_interval=2)
-    recorder = ElectionRecorder(failures=2)
+    recorder = ElectionRecorder(failures=6)
 
     async def never_leads(*, task_status):
         raise AssertionError("the lock was never granted")
 
     elector = LeaderElector(recorder, config, LeadershipState(), never_leads)
     began = trio.current_time()
-    with trio.move_on_after(27):
+    with trio.move_on_after(10):
         await elector.run()
     assert [(round(when - began, 6), what) for when, what in recorder.attempts] == [
-        (0, "connect failed"), (10, "connect failed"), (20, "lock taken"),
-        (22, "lock taken"), (24, "lock taken"), (26, "lock taken"),
+        (0, "connect failed"), (0.1, "connect failed"), (0.3, "connect failed"),
+        (0.7, "connect failed"), (1.5, "connect failed"), (2.5, "connect failed"),
+        (3.5, "lock taken"), (5.5, "lock taken"), (7.5, "lock taken"), (9.5, "lock taken"),
     ]
     assert recorder.listening == ["awa_trio_leader_released"], "one connection, listening once"
-    assert caplog.text.count("leader election attempt failed: connection refused") == 2
+    assert caplog.text.count("leader election attempt failed: connection refused") == 6
+
+
+async def test_the_error_backoff_stops_at_a_shorter_election_interval(autojump_clock):
+    config = MaintenanceConfig(leader_election_interval=0.25, takeover_poll_interval=2)
+    recorder = ElectionRecorder(failures=4)
+
+    async def never_leads(*, task_status):
+        raise AssertionError("the lock was never granted")
+
+    elector = LeaderElector(recorder, config, LeadershipState(), never_leads)
+    began = trio.current_time()
+    with trio.move_on_after(1):
+        await elector.run()
+    assert [round(when - began, 6) for when, _ in recorder.attempts] == [0, 0.1, 0.3, 0.55, 0.8]
 
 
 async def test_a_release_notice_cuts_the_poll_wait_short(autojump_clock):
