@@ -6,6 +6,13 @@ runtime), each on its own database, both on default settings.
   (polled every 5 ms). A new follower is started for the next run.
 * graceful handover: the leader gets SIGTERM; time until another holder.
 * mixed fleet: an awa-pg leader is killed with an awa_trio follower waiting.
+* HA failover (``--ha-runs``): a real primary and streaming standby
+  (tests/support/replica.py); awa_trio is given both hosts with
+  ``target_session_attrs=read-write``; the primary is stopped (immediate)
+  and the standby promoted; time from the promotion completing (``pg_ctl
+  promote -w`` returns: the server accepts writes) to the lock held there
+  and to a due job, inserted at once, promoted there. awa-pg 0.6.1's leader
+  is not measured: sqlx refuses a multi-host URL.
 * follower CPU: user + system time of the follower process (from /proc)
   over a window, as a share of one core. The awa-pg follower is a whole
   runtime (one idle queue), which it cannot run without.
@@ -22,7 +29,7 @@ follower CPU at three poll intervals.
 Linux only (/proc). Needs awa-pg (the test extra) and a local PostgreSQL.
 
     python bench/bench_failover.py [--server postgresql://postgres@localhost:5432]
-        [--runs 20] [--graceful-runs 5] [--mixed-runs 10] [--cpu-seconds 60] [--designs]
+        [--runs 20] [--graceful-runs 5] [--mixed-runs 10] [--ha-runs 5] [--cpu-seconds 60] [--designs]
 """
 
 from __future__ import annotations
@@ -378,6 +385,60 @@ async def drop_database(server: str, dsn_or_name: str) -> None:
     await admin.close()
 
 
+DUE_JOB_SQL = (
+    "INSERT INTO awa.scheduled_jobs (kind, queue, state, run_at) "
+    "VALUES ('ha_due', 'ha', 'scheduled', now() - interval '1 second') RETURNING id"
+)
+JOB_STATE_SQL = "SELECT state::text FROM awa.jobs WHERE id = $1"
+
+
+async def ha_runs(runs: int) -> dict[str, list[float]]:
+    """Seconds from the standby's promotion to the lock, and to a due job
+    promoted, on the new primary (a fresh pair of servers per run)."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "tests"))
+    from support.replica import replica_cluster
+
+    times: dict[str, list[float]] = {"lock": [], "job": []}
+    for _ in range(runs):
+        with replica_cluster() as cluster:
+            primary, standby = cluster.primary, cluster.standby
+            subprocess.run([sys.executable, "-m", "awa_trio", "migrate", "--database-url", primary.url()],
+                           check=True, capture_output=True, cwd=REPO_ROOT)
+            url = (f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/postgres"
+                   "?target_session_attrs=read-write")
+            leader = start_process("awa_trio", url)
+            try:
+                conn = await asyncpg.connect(primary.url())
+                try:
+                    await wait_for_holder(conn, [])
+                finally:
+                    await conn.close()
+                time.sleep(random.uniform(0.0, 1.0))  # the stop lands at any phase of the leader's ticks
+                primary.stop("immediate")
+                standby.promote()
+                promoted = time.perf_counter()
+                conn = await asyncpg.connect(standby.url())
+                try:
+                    job_id = await conn.fetchval(DUE_JOB_SQL)
+                    times["lock"].append(await wait_for_holder(conn, []) - promoted)
+                    while await conn.fetchval(JOB_STATE_SQL, job_id) != "available":
+                        await asyncio.sleep(0.005)
+                    times["job"].append(time.perf_counter() - promoted)
+                finally:
+                    await conn.close()
+            finally:
+                stop(leader)
+    return times
+
+
+async def print_ha(runs: int) -> None:
+    ha = await ha_runs(runs)
+    print(f"\nHA failover, multi-host URL, primary stopped and standby promoted ({runs} runs), "
+          f"from the promotion: lock held p50 {statistics.median(ha['lock']):.3f}s "
+          f"(max {max(ha['lock']):.3f}s), due job promoted p50 {statistics.median(ha['job']):.3f}s "
+          f"(max {max(ha['job']):.3f}s)")
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
@@ -390,6 +451,9 @@ async def main() -> None:
     parser.add_argument("--graceful-runs", type=int, default=5)
     parser.add_argument("--mixed-runs", type=int, default=10,
                         help="awa-pg leader SIGKILLed, awa_trio follower")
+    parser.add_argument("--ha-runs", type=int, default=5,
+                        help="primary stopped, standby promoted (0 to skip)")
+    parser.add_argument("--ha-only", action="store_true", help="only the HA failover runs")
     parser.add_argument("--cpu-seconds", type=float, default=60.0)
     parser.add_argument("--designs", action="store_true", help="measure the follower designs first")
     parser.add_argument("--skip-upstream", action="store_true",
@@ -397,6 +461,9 @@ async def main() -> None:
     args = parser.parse_args()
 
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
+    if args.ha_only:
+        await print_ha(max(1, args.ha_runs))
+        return
     template = await make_template(args.server)
     try:
         if args.designs:
@@ -445,6 +512,8 @@ async def main() -> None:
           f"load average at the end: {os.getloadavg()[0]:.2f}")
     print("awa_trio SIGKILL takeovers, sorted (s): "
           + " ".join(f"{v:.3f}" for v in sorted(results["awa_trio"]["sigkill"])))
+    if args.ha_runs:
+        await print_ha(args.ha_runs)
     print(f"\nmixed fleet: awa-pg leader SIGKILLed, awa_trio follower takes over ({args.mixed_runs} runs): "
           f"p50 {statistics.median(mixed):.3f}s, p95 {percentile(mixed, 0.95):.3f}s, max {max(mixed):.3f}s")
 
