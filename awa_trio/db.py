@@ -188,7 +188,50 @@ def translate_error(exc: BaseException) -> DatabaseError | None:
     return None
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
+#: Startup parameters every pooler passes on. PgBouncer refuses any other
+#: in the startup packet unless listed in its ignore_startup_parameters
+#: (jit, tcp_keepalives_idle, ...), so the rest are SET after connecting.
+STARTUP_PARAMETERS = frozenset({"application_name"})
+
+PID_SQL = "SELECT pg_backend_pid()"
+
+
+def _session_settings_sql(settings: dict[str, str]) -> str:
+    """One simple-protocol round trip of SETs (our own names and constants)."""
+    return "; ".join(
+        f"SET {_setting_name(name)} = '{value.replace(chr(39), chr(39) * 2)}'"
+        for name, value in settings.items()
+    )
+
+
+async def _connect(
+    loop: trio_asyncio.TrioEventLoop, dsn: str, connect_kwargs: dict[str, Any], *, transaction_pooled: bool
+) -> asyncpg.Connection:
+    """A connection with our session settings: the startup packet carries
+    only STARTUP_PARAMETERS, the rest follow as SETs, or, through a
+    transaction-mode pooler, nothing (a SET would land on whichever server
+    session the pooler lends and stay there for other clients); there the
+    statement cache is off too (a named prepared statement lives on one
+    server session)."""
+    kwargs = dict(connect_kwargs)
+    settings = dict(kwargs.pop("server_settings", {}))
+    startup = {name: value for name, value in settings.items() if name in STARTUP_PARAMETERS}
+    session = {name: value for name, value in settings.items() if name not in STARTUP_PARAMETERS}
+    if transaction_pooled:
+        kwargs["statement_cache_size"] = 0
+        session = {}
+    raw = await _bridge(loop, asyncpg.connect, dsn, server_settings=startup, **kwargs)
+    try:
+        await _bridge(loop, _init_connection, raw, session)
+    except BaseException:
+        _terminate(raw)
+        raise
+    return raw
+
+
+async def _init_connection(conn: asyncpg.Connection, session_settings: dict[str, str]) -> None:
+    if session_settings:
+        await conn.execute(_session_settings_sql(session_settings))
     # jsonb/json as Python objects; arrays of jsonb (awa's errors column) follow.
     for type_name in ("jsonb", "json"):
         await conn.set_type_codec(type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
@@ -231,18 +274,16 @@ class _Pool:
         self._idle_lifetime = idle_lifetime
         self._returned = trio.Event()
         self._closed = False
+        #: The URL leads to a transaction-mode pooler (see Database.use_transaction_pooling).
+        self.transaction_pooled = False
         # Connections to close: release() runs in finally blocks of cancelled
         # tasks, so it only queues them; closing takes round trips.
         self._discard, self._discarded = trio.open_memory_channel[asyncpg.Connection](math.inf)
 
     async def connect(self) -> asyncpg.Connection:
-        raw = await _bridge(self._loop, asyncpg.connect, self._dsn, **self._connect_kwargs)
-        try:
-            await _bridge(self._loop, _init_connection, raw)
-        except BaseException:
-            _terminate(raw)
-            raise
-        return raw
+        return await _connect(
+            self._loop, self._dsn, self._connect_kwargs, transaction_pooled=self.transaction_pooled
+        )
 
     async def acquire(self) -> asyncpg.Connection:
         if self._closed:
@@ -353,6 +394,7 @@ class Connection:
         self._loop = loop
         self._manual_transaction = False
         self._committed = False
+        self._backend_pid: int | None = None
 
     async def _call(self, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
         try:
@@ -383,8 +425,16 @@ class Connection:
 
     @property
     def backend_pid(self) -> int:
+        """The server backend's pid: as read by :meth:`note_backend_pid`, else
+        from the startup reply (which a pooler fakes: PgBouncer's is its own)."""
+        if self._backend_pid is not None:
+            return self._backend_pid
         pid: int = self._raw.get_server_pid()
         return pid
+
+    def note_backend_pid(self, pid: int) -> None:
+        """Record ``pg_backend_pid()`` as read through this connection."""
+        self._backend_pid = pid
 
     @property
     def server_address(self) -> str:
@@ -626,6 +676,7 @@ class Database:
         self._loop = loop
         self.dsn = dsn
         self._connect_kwargs = connect_kwargs
+        self._session_dsn: str | None = None
 
     async def _call(self, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
         return await _bridge(self._loop, func, *args, **kwargs)
@@ -707,22 +758,77 @@ class Database:
         *,
         application_name: str = APPLICATION_NAME,
         server_settings: dict[str, str] | None = None,
+        dsn: str | None = None,
     ) -> Connection:
         """A connection outside the pool (the leader lock lives on one), with
-        extra session settings. The caller must ``close()`` it."""
+        extra session settings, to ``dsn`` (a direct URL beside a pooled
+        one) or the pool's URL. The caller must ``close()`` it."""
         if self._pool.closed:
             raise DatabaseClosed(CLOSED_MESSAGE)
         kwargs = dict(self._connect_kwargs)
         settings = dict(kwargs.pop("server_settings", {}))
         settings.update(server_settings or {})
         settings["application_name"] = application_name
-        raw = await self._call(asyncpg.connect, self.dsn, server_settings=settings, **kwargs)
-        try:
-            await self._call(_init_connection, raw)
-        except BaseException:
-            _terminate(raw)
-            raise
+        kwargs["server_settings"] = settings
+        raw = await _connect(
+            self._loop, dsn or self.dsn, kwargs, transaction_pooled=dsn is None and self.transaction_pooled
+        )
         return Connection(raw, self._loop)
+
+    @property
+    def transaction_pooled(self) -> bool:
+        """Whether the pool's URL leads to a transaction-mode pooler."""
+        return self._pool.transaction_pooled
+
+    def use_transaction_pooling(self, session_dsn: str | None) -> None:
+        """The pool's URL leads to a transaction- or statement-mode pooler:
+        new connections carry no session settings and no statement cache
+        (idle ones are closed now); :meth:`acquire_session` then connects to
+        ``session_dsn``, a direct URL."""
+        self._pool.transaction_pooled = True
+        self._session_dsn = session_dsn
+        self._pool.drop_idle_connections()
+
+    @asynccontextmanager
+    async def acquire_session(self, application_name: str = APPLICATION_NAME) -> AsyncIterator[Connection]:
+        """A connection whose server session stays the same from statement
+        to statement (for a session-level advisory lock): a pooled one, or,
+        behind a transaction-mode pooler, a dedicated one to the direct URL."""
+        if not self.transaction_pooled:
+            async with self.acquire() as conn:
+                yield conn
+            return
+        if self._session_dsn is None:
+            raise ConnectionLost(
+                "no direct URL for a session behind a transaction-mode pooler (set lock_database_url)"
+            )
+        conn = await self.connect_dedicated(application_name=application_name, dsn=self._session_dsn)
+        try:
+            yield conn
+        finally:
+            with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
+                await conn.close()
+
+    async def shares_server_sessions(self, dsn: str | None = None) -> bool:
+        """True when two open sessions of ``dsn`` (default: the pool's URL)
+        share one server backend, or one session moves between backends:
+        the URL leads to a transaction- or statement-mode pooler (directly,
+        or through a session-mode pooler, neither can happen). Two probe
+        connections without a statement cache, three statements."""
+        kwargs = dict(self._connect_kwargs, statement_cache_size=0)
+        kwargs["server_settings"] = {"application_name": f"{APPLICATION_NAME} pooler probe"}
+        first = Connection(await self._call(asyncpg.connect, dsn or self.dsn, **kwargs), self._loop)
+        try:
+            second = Connection(await self._call(asyncpg.connect, dsn or self.dsn, **kwargs), self._loop)
+            try:
+                first_pid = await first.fetchval(PID_SQL)
+                second_pid = await second.fetchval(PID_SQL)
+                first_pid_again = await first.fetchval(PID_SQL)
+            finally:
+                await second.close()
+        finally:
+            await first.close()
+        return bool(first_pid == second_pid or first_pid != first_pid_again)
 
 
 @asynccontextmanager

@@ -63,7 +63,7 @@ import trio
 
 from .config import MaintenanceConfig
 from .db import APPLICATION_NAME, Connection, Database, DatabaseError, sole_exception
-from .errors import LeadershipAbandoned
+from .errors import LeadershipAbandoned, UnsupportedSchema
 from .logs import connection_recovered
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,8 @@ WRITABLE_SQL = "(NOT pg_is_in_recovery() AND current_setting('transaction_read_o
 TRY_LOCK_SQL = f"""
     SELECT pg_is_in_recovery() AS in_recovery,
            current_setting('transaction_read_only') = 'on' AS read_only,
-           CASE WHEN {WRITABLE_SQL} THEN pg_try_advisory_lock($1) ELSE false END AS acquired
+           CASE WHEN {WRITABLE_SQL} THEN pg_try_advisory_lock($1) ELSE false END AS acquired,
+           pg_backend_pid() AS backend_pid
 """
 #: Errors retry after this, doubling up to MAX_ERROR_BACKOFF (or the election
 #: interval if shorter): a failover or a restart is led again within about a
@@ -97,6 +98,8 @@ TRY_LOCK_SQL = f"""
 #: connection attempt a second.
 FIRST_ERROR_BACKOFF = 0.1
 MAX_ERROR_BACKOFF = 1.0
+#: How often a node that stepped down for its schema looks again.
+SCHEMA_RECHECK_INTERVAL = 1.0
 #: Followers LISTEN here; a leader NOTIFYs it as it lets the lock go.
 RELEASE_CHANNEL = "awa_trio_leader_released"
 # The notification is delivered when this statement's transaction ends,
@@ -164,6 +167,9 @@ class TermOutcome(enum.Enum):
     ABANDONED = "abandoned"
     #: A database error escaped the term (its start-up queries failed).
     FAILED = "failed"
+    #: The term found no schema it can maintain (dropped, or migrated past
+    #: what awa_trio supports): wait for one before standing again.
+    STEPPED_DOWN = "stepped_down"
 
 
 class LeadershipState:
@@ -225,11 +231,22 @@ class LeaderElector:
         config: MaintenanceConfig,
         state: LeadershipState,
         lead: Callable[..., Awaitable[None]],
+        schema_problem: Callable[[], Awaitable[str | None]] | None = None,
+        *,
+        lock_dsn: str | None = None,
     ):
         self._db = db
         self._config = config
         self._state = state
         self._lead = lead
+        #: After a term stepped down for its schema: why the database still
+        #: cannot be led (None once it can), polled every SCHEMA_RECHECK_INTERVAL.
+        self._schema_problem = schema_problem
+        #: Where the lock connection goes (None: the pool's URL).
+        self._lock_dsn = lock_dsn
+        #: The two reasons not to lead; LeadershipState.not_leading_reason shows either.
+        self._unwritable: str | None = None
+        self._unfit_schema: str | None = None
         #: The connection holding the lock while leading (diagnostics, tests).
         self.lock_connection: Connection | None = None
         #: Set when a leader announced a graceful release (see RELEASE_CHANNEL).
@@ -258,6 +275,8 @@ class LeaderElector:
                     await trio.sleep(ABANDON_PENALTY_INTERVALS * self._config.leader_election_interval)
                 elif outcome is TermOutcome.FAILED:
                     await backoff.sleep()
+                elif outcome is TermOutcome.STEPPED_DOWN:
+                    await self._wait_for_a_supported_schema()
         finally:
             if candidate is not None:
                 await candidate.close()
@@ -280,8 +299,10 @@ class LeaderElector:
                 conn = await self._db.connect_dedicated(
                     application_name=LOCK_APPLICATION_NAME,
                     server_settings=lock_keepalive_settings(self._config.lock_keepalive),
+                    dsn=self._lock_dsn,
                 )
             [row] = await conn.fetch(TRY_LOCK_SQL, LOCK_KEY)
+            conn.note_backend_pid(row["backend_pid"])  # the real one, through a session-mode pooler too
             if not row["in_recovery"] and conn is not self._listening_on:
                 # A standby refuses LISTEN: its session starts listening
                 # once it is promoted (it polls meanwhile).
@@ -306,13 +327,33 @@ class LeaderElector:
 
     def _note_writability(self, reason: str | None) -> None:
         """One line when a server turns out not to be writable, one when it is again."""
-        if reason == self._state.not_leading_reason:
+        if reason == self._unwritable:
             return
         if reason is not None:
             log.warning("not leading: %s", reason)
         else:
             log.info("the server is a writable primary again; taking part in the election")
-        self._state.not_leading_reason = reason
+        self._unwritable = reason
+        self._state.not_leading_reason = self._unwritable or self._unfit_schema
+
+    async def _wait_for_a_supported_schema(self) -> None:
+        """Follow, without the lock, until the schema is one awa_trio can
+        maintain again (a test suite re-creating it, a migration rolled back
+        or awa_trio upgraded)."""
+        while self._unfit_schema is not None:
+            await trio.sleep(SCHEMA_RECHECK_INTERVAL)
+            if self._schema_problem is None:
+                problem = None
+            else:
+                try:
+                    problem = await self._schema_problem()
+                except DatabaseError as exc:
+                    log.debug("schema check failed (will retry): %s", exc)
+                    continue
+            if problem is None:
+                log.info("a supported awa schema is back; taking part in the election")
+            self._unfit_schema = problem
+            self._state.not_leading_reason = self._unwritable or self._unfit_schema
 
     async def _hold(self, lock: Connection) -> TermOutcome:
         """Lead until the lock is lost or a branch gives up; always release."""
@@ -329,10 +370,21 @@ class LeaderElector:
                 await nursery.start(self._lead)
         except BaseExceptionGroup as group:
             abandoned, rest = group.split(LeadershipAbandoned)
+            unfit, rest = rest.split(UnsupportedSchema) if rest is not None else (None, None)
             failed, rest = rest.split(DatabaseError) if rest is not None else (None, None)
             if rest is not None:
                 raise
-            if abandoned is not None:
+            if unfit is not None:
+                reason = str(sole_exception(unfit) or unfit)
+                log.warning(
+                    "stepping down, not leading: %s; checking again every %gs",
+                    reason,
+                    SCHEMA_RECHECK_INTERVAL,
+                )
+                self._unfit_schema = reason
+                self._state.not_leading_reason = self._unwritable or self._unfit_schema
+                outcome = TermOutcome.STEPPED_DOWN
+            elif abandoned is not None:
                 log.error("giving up leadership: %s", sole_exception(abandoned) or abandoned)
                 outcome = TermOutcome.ABANDONED
             else:

@@ -11,7 +11,9 @@ Embedding in a Trio application::
 
 ``run`` opens the database, refuses an unsupported schema with one
 :class:`~awa_trio.errors.UnsupportedSchema` line, then takes part in leader
-election until stopped or cancelled.
+election until stopped or cancelled. A schema that goes away later (dropped
+and re-created, migrated past what awa_trio supports) makes the leader step
+down and wait, not stop: it leads again once a supported schema is back.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from .leadership import LeaderElector, LeadershipState
 from .logs import CURRENT_TERM
 from .metrics import MaintenanceMetrics
 from .schema import CANONICAL, QUEUE_STORAGE, STATE_ACTIVE, STATE_MIXED_TRANSITION, SchemaInfo, check_schema
-from .supervisor import run_leader_term
+from .supervisor import read_supported_schema, run_leader_term
 from .tracker_actor import TrackerClient
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,13 @@ class MaintenanceService:
         disabled_branches: Sequence[str] = (),
         branch_factory: BranchFactory = default_branches,
         http_address: str | None = None,
+        lock_database_url: str | None = None,
     ):
         self.database_url = database_url
+        #: A URL that reaches the server directly, for the leader lock (and
+        #: the batch runner's lock) when database_url goes through a
+        #: transaction-mode pooler; None: database_url for everything.
+        self.lock_database_url = lock_database_url
         self.config = config or MaintenanceConfig()
         self.metrics = MaintenanceMetrics(meter_provider)
         #: Rescue side effects (awa_trio.hooks.Hooks); its dispatcher actor runs
@@ -193,6 +200,44 @@ class MaintenanceService:
         self.branches = tuple(branches)
         self._tracker = tracker
 
+    async def _adapt_to_pooler(self, db: Database) -> None:
+        """Through a transaction-mode pooler (PgBouncer's pool_mode =
+        transaction) a session-level advisory lock would stay on whichever
+        server session the pooler lent, not with this process: the lock must
+        go through lock_database_url, a direct URL, or nowhere. The pool
+        then runs without session state (no statement cache, no SETs)."""
+        if self.lock_database_url is not None and await db.shares_server_sessions(self.lock_database_url):
+            raise ConfigError(
+                "lock_database_url leads to a transaction-mode pooler (two sessions shared one server "
+                "backend): it must reach the server directly, or through a session-mode pooler"
+            )
+        if not await db.shares_server_sessions():
+            return
+        if self.lock_database_url is None:
+            raise ConfigError(
+                "the database URL leads to a transaction-mode pooler (two sessions shared one server "
+                "backend), where the leader lock would not stay with this process: set lock_database_url "
+                "(--lock-database-url, AWA_LOCK_DATABASE_URL) to a URL that reaches the server directly"
+            )
+        db.use_transaction_pooling(self.lock_database_url)
+        isolation = await db.fetchval("SHOW default_transaction_isolation")
+        if isolation != "read committed":
+            raise ConfigError(
+                f"default_transaction_isolation is {isolation!r} behind a transaction-mode pooler, where "
+                "awa_trio cannot set it per session: set it to 'read committed' for the maintenance role "
+                "(ALTER ROLE ... SET default_transaction_isolation = 'read committed')"
+            )
+        if await db.fetchval("SHOW jit") == "on":
+            log.warning(
+                "jit is on behind a transaction-mode pooler, where awa_trio cannot turn it off per "
+                "session; a queue-storage pass over every ring partition can take seconds to compile: "
+                "ALTER ROLE ... SET jit = off for the maintenance role"
+            )
+        log.info(
+            "the database URL leads to a transaction-mode pooler: pooled connections keep no session "
+            "state; the leader lock and the batch runner's lock use lock_database_url"
+        )
+
     def _on_storage_seen(self, schema: SchemaInfo) -> None:
         """A change that keeps the branch set (canonical -> prepared)."""
         self.schema = schema
@@ -203,9 +248,9 @@ class MaintenanceService:
         """Serve until stop() or cancellation. Startup errors (bad URL,
         unreachable server, unsupported schema) are raised before
         ``task_status.started()``; a storage change while leading restarts
-        the term with the matching branches, and only a schema version (or
-        engine) awa_trio cannot maintain raises UnsupportedSchema, after the
-        lock is released. A lone
+        the term with the matching branches, and a schema awa_trio cannot
+        maintain (any more) makes the leader step down until one it can is
+        back (``not_leading_reason`` says why meanwhile). A lone
         awa_trio/database error is raised as itself, not in a group."""
         try:
             await self._run(task_status)
@@ -225,6 +270,7 @@ class MaintenanceService:
             ) as db:
                 self._db = db
                 self.schema = await check_schema(db)
+                await self._adapt_to_pooler(db)
                 self._check_disabled_branches(self.schema)
                 self.branches = self._select_branches(self.schema)
                 log.info(
@@ -259,7 +305,17 @@ class MaintenanceService:
                         db.drop_idle_connections()
 
                 db.drop_idle_connections()  # the start-up checks' connection
-                elector = self._elector = LeaderElector(db, self.config, self._state, lead)
+
+                async def schema_problem() -> str | None:
+                    try:
+                        await read_supported_schema(ctx)
+                    except UnsupportedSchema as exc:
+                        return str(exc)
+                    return None
+
+                elector = self._elector = LeaderElector(
+                    db, self.config, self._state, lead, schema_problem, lock_dsn=self.lock_database_url
+                )
                 try:
                     async with trio.open_nursery() as nursery:
                         if self.hooks is not None:

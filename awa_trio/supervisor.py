@@ -8,8 +8,9 @@ the storage move on (an awa-pg runtime finalising a fresh database to queue
 storage, a transition entering mixed mode or finishing), that term ends and
 the next one, still under the same lock, runs the right set with fresh
 tracker state. A move that keeps the set (canonical -> prepared) is logged
-and the term goes on. Only a schema awa_trio cannot maintain at all (an unsupported
-version or engine) raises UnsupportedSchema and stops the service.
+and the term goes on. A schema awa_trio cannot maintain at all (dropped, an
+unsupported version or engine) raises UnsupportedSchema, which ends the term:
+the elector steps down and waits for a supported schema.
 
 Starts everything with ``nursery.start`` (so a failure before an actor is
 ready reaches the caller) and reports itself started once, after the first

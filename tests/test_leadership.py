@@ -213,7 +213,7 @@ class ElectionRecorder:
         self.attempts: list[tuple[float, str]] = []
         self.listening: list[str] = []
 
-    async def connect_dedicated(self, *, application_name: str, server_settings=None):
+    async def connect_dedicated(self, *, application_name: str, server_settings=None, dsn=None):
         if sum(1 for _, what in self.attempts if what == "connect failed") < self.failures:
             self.attempts.append((trio.current_time(), "connect failed"))
             raise ConnectionLost("connection refused")
@@ -224,9 +224,12 @@ class ElectionRecorder:
 
     async def fetch(self, sql: str, *args):
         self.attempts.append((trio.current_time(), "lock taken"))
-        return [{"in_recovery": False, "read_only": False, "acquired": False}]
+        return [{"in_recovery": False, "read_only": False, "acquired": False, "backend_pid": 1}]
 
     server_address = "recorder:5432"
+
+    def note_backend_pid(self, pid: int) -> None:
+        pass
 
     def is_closed(self) -> bool:
         return False

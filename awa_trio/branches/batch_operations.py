@@ -479,7 +479,8 @@ async def run_batch_operations(
     if not await ctx.db.fetchval(UNFINISHED_OPERATION_SQL):
         return BatchOperationsResult()
     runner_instance = uuid.uuid4()
-    async with ctx.db.acquire() as conn:
+    # A session lock: behind a transaction-mode pooler, on a direct session.
+    async with ctx.db.acquire_session() as conn:
         if not await conn.fetchval(TRY_RUNNER_LOCK_SQL, RUNNER_LOCK_KEY):
             log.debug("%s: runner lock held by another runner; skipping this tick", NAME)
             return BatchOperationsResult(runner_lock_busy=True)
