@@ -55,7 +55,9 @@ async def test_terminated_lock_connection_fails_over_and_rejoins(database_url, d
         assert old_probe.starts, "the leader runs its branches"
 
         await db.execute("SELECT pg_terminate_backend($1)", old_leader.lock_backend_pid)
-        with trio.fail_after(CHECK):
+        # Noticed by the termination listener or the next check; the bound is
+        # loose for a loaded machine (bench_failover measures the speed).
+        with trio.fail_after(CHECK + 3):
             await old_leader.wait_until_follower()
         bodies_at_loss = len(old_probe.starts)
 
