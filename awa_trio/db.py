@@ -777,17 +777,15 @@ class Database:
 
     @property
     def transaction_pooled(self) -> bool:
-        """Whether the pool's URL leads to a transaction-mode pooler."""
+        """Whether the pool's URL leads to a transaction-mode pooler (probed
+        at open: then pooled connections carry no session settings and no
+        statement cache)."""
         return self._pool.transaction_pooled
 
-    def use_transaction_pooling(self, session_dsn: str | None) -> None:
-        """The pool's URL leads to a transaction- or statement-mode pooler:
-        new connections carry no session settings and no statement cache
-        (idle ones are closed now); :meth:`acquire_session` then connects to
-        ``session_dsn``, a direct URL."""
-        self._pool.transaction_pooled = True
+    def use_session_dsn(self, session_dsn: str | None) -> None:
+        """Behind a transaction-mode pooler, :meth:`acquire_session`
+        connects to ``session_dsn``, a direct URL."""
         self._session_dsn = session_dsn
-        self._pool.drop_idle_connections()
 
     @asynccontextmanager
     async def acquire_session(self, application_name: str = APPLICATION_NAME) -> AsyncIterator[Connection]:
@@ -810,25 +808,8 @@ class Database:
                 await conn.close()
 
     async def shares_server_sessions(self, dsn: str | None = None) -> bool:
-        """True when two open sessions of ``dsn`` (default: the pool's URL)
-        share one server backend, or one session moves between backends:
-        the URL leads to a transaction- or statement-mode pooler (directly,
-        or through a session-mode pooler, neither can happen). Two probe
-        connections without a statement cache, three statements."""
-        kwargs = dict(self._connect_kwargs, statement_cache_size=0)
-        kwargs["server_settings"] = {"application_name": f"{APPLICATION_NAME} pooler probe"}
-        first = Connection(await self._call(asyncpg.connect, dsn or self.dsn, **kwargs), self._loop)
-        try:
-            second = Connection(await self._call(asyncpg.connect, dsn or self.dsn, **kwargs), self._loop)
-            try:
-                first_pid = await first.fetchval(PID_SQL)
-                second_pid = await second.fetchval(PID_SQL)
-                first_pid_again = await first.fetchval(PID_SQL)
-            finally:
-                await second.close()
-        finally:
-            await first.close()
-        return bool(first_pid == second_pid or first_pid != first_pid_again)
+        """See :func:`_shares_server_sessions` (default: the pool's URL)."""
+        return await _shares_server_sessions(self._loop, dsn or self.dsn, self._connect_kwargs)
 
 
 @asynccontextmanager
@@ -903,6 +884,31 @@ def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
     return exc
 
 
+async def _shares_server_sessions(
+    loop: trio_asyncio.TrioEventLoop, dsn: str, connect_kwargs: dict[str, Any]
+) -> bool:
+    """True when two open sessions of ``dsn`` share one server backend, or
+    one session moves between backends: the URL leads to a transaction- or
+    statement-mode pooler (directly, or through a session-mode pooler,
+    neither can happen). Two probe connections without a statement cache
+    (a named statement left on a pooled server session by an earlier client
+    would collide), three statements."""
+    kwargs = dict(connect_kwargs, statement_cache_size=0)
+    kwargs["server_settings"] = {"application_name": f"{APPLICATION_NAME} pooler probe"}
+    first = Connection(await _bridge(loop, asyncpg.connect, dsn, **kwargs), loop)
+    try:
+        second = Connection(await _bridge(loop, asyncpg.connect, dsn, **kwargs), loop)
+        try:
+            first_pid = await first.fetchval(PID_SQL)
+            second_pid = await second.fetchval(PID_SQL)
+            first_pid_again = await first.fetchval(PID_SQL)
+        finally:
+            await second.close()
+    finally:
+        await first.close()
+    return bool(first_pid == second_pid or first_pid != first_pid_again)
+
+
 def _run_wakes_inline(loop: trio_asyncio.TrioEventLoop) -> None:
     """A settled future schedules its callbacks with ``loop.call_soon``; on
     trio-asyncio each is one more pass of Trio's scheduler before it runs.
@@ -929,8 +935,12 @@ async def _open_database(
         _run_wakes_inline(loop)
         pool = _Pool(loop, dsn, connect_kwargs, pool_size, idle_connection_lifetime)
         try:
-            # One connection at start so a bad server shows at once (a
-            # service drops it once it knows it is following).
+            # Before any statement of the pool's: behind a transaction-mode
+            # pooler even the first must go without a statement cache. The
+            # probe's connections also show a bad server at once.
+            pool.transaction_pooled = await _shares_server_sessions(loop, dsn, connect_kwargs)
+            # One connection at start (a service drops it once it knows it
+            # is following).
             pool.release(await pool.acquire(), clean=True)
         except (ValueError, asyncpg.ClientConfigurationError) as exc:
             # asyncpg's DSN parser reports malformed URLs as ValueError.

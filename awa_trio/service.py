@@ -211,7 +211,7 @@ class MaintenanceService:
                 "lock_database_url leads to a transaction-mode pooler (two sessions shared one server "
                 "backend): it must reach the server directly, or through a session-mode pooler"
             )
-        if not await db.shares_server_sessions():
+        if not db.transaction_pooled:
             return
         if self.lock_database_url is None:
             raise ConfigError(
@@ -219,7 +219,7 @@ class MaintenanceService:
                 "backend), where the leader lock would not stay with this process: set lock_database_url "
                 "(--lock-database-url, AWA_LOCK_DATABASE_URL) to a URL that reaches the server directly"
             )
-        db.use_transaction_pooling(self.lock_database_url)
+        db.use_session_dsn(self.lock_database_url)
         isolation = await db.fetchval("SHOW default_transaction_isolation")
         if isolation != "read committed":
             raise ConfigError(

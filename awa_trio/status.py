@@ -220,8 +220,6 @@ async def print_status(
     database_url: str, as_json: bool = False, config: MaintenanceConfig | None = None
 ) -> int:
     async with open_database(database_url, pool_size=1) as db:
-        if await db.shares_server_sessions():
-            db.use_transaction_pooling(None)  # a transaction-mode pooler: no statement cache
         report = await collect_status(db, config)
     if as_json:
         print(json.dumps(report, indent=2, default=str))
