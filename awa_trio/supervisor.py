@@ -29,6 +29,7 @@ from .branch import BranchSpec, supervise_branch
 from .context import MaintenanceContext
 from .db import DatabaseError
 from .errors import UnsupportedSchema
+from .grants import warn_about_missing_privileges
 from .logs import connection_recovered
 from .schema import (
     SUPPORTED_ENGINES,
@@ -93,6 +94,9 @@ async def run_leader_term(
                     schema.version,
                     ", ".join(spec.name for spec in branches),
                 )
+                # Beside the branches, not before them (a takeover promotes
+                # at once): one line naming any privilege the role lacks.
+                nursery.start_soon(warn_about_missing_privileges, term_ctx.db, schema)
                 if not started:
                     started = True
                     task_status.started()
