@@ -24,7 +24,7 @@ import re
 import sys
 import time
 from collections.abc import Iterable
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 #: Name of the maintenance branch whose task logged the record.
 CURRENT_BRANCH: contextvars.ContextVar[str | None] = contextvars.ContextVar("awa_trio_branch", default=None)
@@ -113,29 +113,50 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+#: Query parameters of a PostgreSQL URL whose values are secret: the client
+#: key's passphrase, and where the client key is (asyncpg reads both).
+SECRET_URL_PARAMETERS = ("sslpassword", "sslkey")
+#: Environment variables asyncpg (like libpq) reads secrets from.
+SECRET_ENVIRONMENT_VARIABLES = ("PGPASSWORD", "PGSSLKEY")
+_PASSWORD_IN_URL = re.compile(r"(://[^:/@]+):([^@]*)@")
+_SECRET_PARAMETER_IN_URL = re.compile(rf"([?&](?:{'|'.join(SECRET_URL_PARAMETERS)})=)([^&#]*)")
+
+
 def url_password(url: str) -> str | None:
     """The password in a PostgreSQL URL (user:password@host), if any."""
     try:
         password = urlsplit(url).password
     except ValueError:
-        match = re.search(r"://[^:/@]+:([^@]*)@", url)
-        password = match.group(1) if match else None
+        match = _PASSWORD_IN_URL.search(url)
+        password = match.group(2) if match else None
     return unquote(password) if password else None
 
 
 def secrets_of(database_url: str, environ: dict[str, str] | os._Environ[str] = os.environ) -> list[str]:
-    """Everything that must never be printed: the URL's password (raw and
-    decoded) and PGPASSWORD."""
+    """Everything that must never be printed: the URL's password, its
+    sslpassword and sslkey values (each as written and as decoded), and
+    PGPASSWORD and PGSSLKEY."""
     found = []
     password = url_password(database_url)
     if password:
         found.append(password)
-        raw = re.search(r"://[^:/@]+:([^@]*)@", database_url)
+        raw = _PASSWORD_IN_URL.search(database_url)
         if raw:
-            found.append(raw.group(1))
-    if environ.get("PGPASSWORD"):
-        found.append(environ["PGPASSWORD"])
+            found.append(raw.group(2))
+    for match in _SECRET_PARAMETER_IN_URL.finditer(database_url):
+        if match.group(2):
+            # asyncpg decodes the query string as a form does (%XX and +).
+            found += [match.group(2), unquote_plus(match.group(2))]
+    found += [environ[name] for name in SECRET_ENVIRONMENT_VARIABLES if environ.get(name)]
     return found
+
+
+def redact_url(url: str) -> str:
+    """The URL for messages: its password and the values of its secret query
+    parameters become ``***``; host, database and certificate paths stay,
+    since they are what a person needs to see to fix a connection."""
+    url = _PASSWORD_IN_URL.sub(rf"\1:{REDACTED}@", url)
+    return _SECRET_PARAMETER_IN_URL.sub(rf"\1{REDACTED}", url)
 
 
 def configure_logging(level: str, fmt: str = "text", secrets: Iterable[str] = ()) -> None:
