@@ -126,3 +126,44 @@ async def test_transaction_mode_leads_through_the_direct_lock_url_and_never_twic
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors
     assert "prepared statement" not in caplog.text
+
+
+async def test_the_cli_refuses_a_transaction_pooler_in_one_line_and_leads_with_a_direct_lock_url(
+    database_url, db, transaction_pooler
+):
+    import subprocess
+    import sys
+
+    pooled = transaction_pooler.url(database_url)
+    refused = await trio.run_process(
+        [sys.executable, "-m", "awa_trio", "--database-url", pooled],
+        capture_stdout=True, capture_stderr=True, check=False,
+    )
+    errors = [line for line in refused.stderr.decode().splitlines() if line.startswith("awa_trio:")]
+    assert refused.returncode == 2, refused.stderr.decode()
+    assert len(errors) == 1 and "--lock-database-url" in errors[0]
+    assert "Traceback" not in refused.stderr.decode()
+
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "awa_trio", "--database-url", pooled, "--lock-database-url", database_url,
+         "--promote-interval", "50ms"],
+        stderr=subprocess.PIPE,
+    )
+    logs = b""
+
+    async def collect() -> None:
+        nonlocal logs
+        async for chunk in process.stderr:
+            logs += chunk
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(collect)
+        try:
+            await promotes_due_jobs(db, 20)
+            assert len(await leader_lock_holders(db)) == 1
+        finally:
+            process.terminate()
+            with trio.fail_after(10):
+                await process.wait()
+    assert process.returncode == 0, logs.decode()
+    assert "released maintenance leader lock" in logs.decode()
