@@ -173,8 +173,6 @@ QUEUE_STORAGE_AWA_TABLES = (
         "a rescue takes a unique claim back (INSERT ... ON CONFLICT DO UPDATE)",
     ),
     TableNeed("jobs", (SELECT,), "status: the rescue backlog reads the awa.jobs view"),
-    TableNeed("jobs_hot", (SELECT,), "read by awa.jobs_compat() behind the awa.jobs view"),
-    TableNeed("scheduled_jobs", (SELECT,), "read by awa.jobs_compat() behind the awa.jobs view"),
 )
 
 QUEUE_STORAGE_AWA_FUNCTIONS = (
@@ -347,8 +345,8 @@ class Grant:
 def planes(info: SchemaInfo) -> tuple[bool, bool]:
     """(canonical, queue storage): whose grants the database needs now. A
     staged transition needs both (the canonical plane drains, and once routing
-    flips the queue-storage branches run); finalised queue storage reads the
-    canonical tables only through the awa.jobs view."""
+    flips the queue-storage branches run); finalised queue storage leaves the
+    canonical job tables alone (even awa.jobs reads queue storage then)."""
     queue_storage = info.engine == QUEUE_STORAGE or info.state != STATE_CANONICAL
     canonical = not info.runs_queue_storage or info.in_mixed_transition
     return canonical, queue_storage
