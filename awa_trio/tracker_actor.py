@@ -136,7 +136,11 @@ async def run_tracker(
     prune = PruneBackoffTracker()
     activity: dict[str, BranchActivity] = {}
     send, receive = trio.open_memory_channel(REQUEST_BUFFER)
-    async with send, receive:
+    # Only the receiving end is closed on the way out: the branches share
+    # ``send``, and closing it under them would turn their last report into
+    # ClosedResourceError (a crash) instead of BrokenResourceError, which a
+    # branch being cancelled with its term reads as Cancelled.
+    with receive:
         task_status.started(TrackerClient(send))
         async for request in receive:
             if isinstance(request, _BeginTick):
@@ -146,7 +150,7 @@ async def run_tracker(
                 seen.interval = request.interval
                 if not decision.run:
                     seen.skipped_ticks += 1
-                request.reply.send_nowait(decision)
+                _reply(request.reply, decision)
             elif isinstance(request, _FinishTick):
                 metrics.record_branch_duration(request.branch, request.duration)
                 overrun.finish(request.branch, request.duration)
@@ -157,16 +161,26 @@ async def run_tracker(
                 if request.error is not None:
                     seen.last_error, seen.last_error_at = request.error, seen.last_run_at
             elif isinstance(request, _Snapshot):
-                request.reply.send_nowait(_snapshot(activity, overrun, prune))
+                _reply(request.reply, _snapshot(activity, overrun, prune))
             elif isinstance(request, _PruneGate):
                 skip = prune.should_skip(request.branch)
                 if skip:
                     log.debug("%s: prune backed off this tick", request.branch)
-                request.reply.send_nowait(skip)
+                _reply(request.reply, skip)
             elif isinstance(request, _PruneReport):
                 prune.record_outcome(request.branch, request.outcome)
             else:  # pragma: no cover - programming error
                 raise TypeError(f"unknown tracker request {request!r}")
+
+
+def _reply(reply: trio.MemorySendChannel[Any], value: object) -> None:
+    """Answer an asker that may have gone: a branch cancelled with its term
+    after its request was already handed to this actor has closed its reply
+    channel, and that is no fault of the tracker's."""
+    try:
+        reply.send_nowait(value)
+    except trio.BrokenResourceError:
+        pass
 
 
 def _snapshot(

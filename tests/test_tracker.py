@@ -267,3 +267,44 @@ async def test_a_branch_whose_term_ends_is_cancelled_not_broken_when_the_tracker
     assert scope.cancelled_caught
     with pytest.raises(trio.BrokenResourceError):  # not being cancelled: the loss shows
         await client.finish_tick("promote_scheduled", 0.01)
+
+
+async def test_a_branch_reporting_after_the_real_tracker_actor_stopped_is_cancelled_not_crashed():
+    """The tracker actor itself, cancelled with its term: a branch whose
+    body came back (a cancelled query can surface as a driver error) and
+    reports into it while being cancelled sees Cancelled. It once saw
+    ClosedResourceError, because the tracker closed the branches' send end."""
+    import pytest
+    import trio
+
+    from awa_trio.metrics import MaintenanceMetrics
+    from awa_trio.tracker_actor import run_tracker
+
+    async with trio.open_nursery() as nursery:
+        client = await nursery.start(run_tracker, MaintenanceMetrics())
+        nursery.cancel_scope.cancel()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await client.finish_tick("cron_eval", 0.01, error="database error")
+    assert scope.cancelled_caught
+    with pytest.raises(trio.BrokenResourceError):
+        await client.finish_tick("cron_eval", 0.01)
+
+
+async def test_the_tracker_actor_survives_an_asker_that_left_before_its_answer():
+    """A branch cancelled after its request was already handed to the
+    tracker has closed its reply channel; the tracker must go on serving
+    the others (it once died of BrokenResourceError, ending the term)."""
+    import trio
+
+    from awa_trio.metrics import MaintenanceMetrics
+    from awa_trio.tracker_actor import _BeginTick, run_tracker
+
+    async with trio.open_nursery() as nursery:
+        client = await nursery.start(run_tracker, MaintenanceMetrics())
+        reply_send, reply_receive = trio.open_memory_channel(1)
+        await reply_receive.aclose()
+        await client._post(_BeginTick("cron_eval", 1.0, True, reply_send))
+        assert (await client.begin_tick("cron_eval", 1.0)).run
+        assert "cron_eval" in await client.snapshot()
+        nursery.cancel_scope.cancel()
