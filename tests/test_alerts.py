@@ -1,9 +1,11 @@
-"""The alert pack in deploy/prometheus: promtool accepts it, every rule fires
-on the series its unit test gives and stays quiet on the others, and every
-metric a rule queries is one a running leader really exports."""
+"""The alert pack in deploy/prometheus and the dashboard in deploy/grafana:
+promtool accepts the rules and every dashboard query, every rule fires on
+the series its unit test gives and stays quiet on the others, and every
+metric a rule or panel queries is one a running leader really exports."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -20,6 +22,7 @@ from awa_trio.http_api import prometheus_meter_provider
 
 RULES = Path(__file__).parent.parent / "deploy" / "prometheus" / "awa_trio-alerts.yml"
 RULE_TESTS = RULES.with_name("awa_trio-alerts.test.yml")
+DASHBOARD = RULES.parent.parent / "grafana" / "awa_trio-dashboard.json"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is not installed (apt-get install prometheus)"
@@ -63,15 +66,42 @@ def test_the_rule_tests_can_fail(tmp_path):
     assert "AwaTrioQueueLagOverSlo" in tested.stdout + tested.stderr
 
 
-def metric_names_in_rules() -> set[str]:
-    """Series names in the rules' expressions: label matchers and grouping
+def metric_names(expressions: list[str]) -> set[str]:
+    """Series names in PromQL expressions: label matchers and grouping
     clauses are cut first, since label names share the ``awa_`` prefix."""
     names = set()
-    for expression in re.findall(r"expr: (\|\n(?:\s{10}.*\n)+|.*)", RULES.read_text()):
+    for expression in expressions:
         expression = re.sub(r"\{[^}]*\}", "", expression)
         expression = re.sub(r"\b(?:by|on|without|ignoring)\s*\([^)]*\)", "", expression)
         names.update(METRIC_NAME_RE.findall(expression))
     return names
+
+
+def rule_expressions() -> list[str]:
+    return re.findall(r"expr: (\|\n(?:\s{10}.*\n)+|.*)", RULES.read_text())
+
+
+def dashboard_expressions() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def metric_names_in_rules() -> set[str]:
+    return metric_names(rule_expressions())
+
+
+def test_every_dashboard_panel_has_a_query_promtool_accepts(tmp_path):
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "awa-trio-maintenance"
+    assert all(panel["targets"] and panel["title"] for panel in dashboard["panels"])
+    if PROMTOOL is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    # promtool parses PromQL in rule files: one recording rule per panel query.
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{n}", "expr": expr} for n, expr in enumerate(dashboard_expressions())]}]}
+    (tmp_path / "dashboard.yml").write_text(json.dumps(rules))
+    checked = promtool("check", "rules", str(tmp_path / "dashboard.yml"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_the_rules_query_the_series_they_should():
@@ -84,11 +114,11 @@ def test_the_rules_query_the_series_they_should():
     }
 
 
-async def test_every_metric_the_rules_query_is_in_a_real_scrape(qs_database_url, qs_db, qs_awa_client):
+async def test_every_metric_the_rules_and_dashboard_query_is_in_a_real_scrape(qs_database_url, qs_db, qs_awa_client):
     """A queue-storage leader with a failing branch (errors), a branch slower
     than its interval (overruns), a job whose worker was killed (rescue) and
     due jobs (promotion): its /metrics holds
-    every series name the alert pack uses."""
+    every series name the alert pack and the dashboard use."""
     import datetime as dt
 
     from support.awa_pg import awa_pg_worker
@@ -117,7 +147,7 @@ async def test_every_metric_the_rules_query_is_in_a_real_scrape(qs_database_url,
         soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
         for _ in range(3):
             await in_thread(qs_awa_client.insert, {}, kind="alerts_later", queue="alerts", run_at=soon)
-        wanted = metric_names_in_rules()
+        wanted = metric_names_in_rules() | metric_names(dashboard_expressions())
         missing: set[str] = wanted
         with trio.move_on_after(45):
             while missing:
