@@ -18,11 +18,12 @@ down and wait, not stop: it leads again once a supported schema is back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import trio
@@ -170,6 +171,26 @@ class MaintenanceService:
         """Ask run() to return: branches are cancelled, the lock released."""
         if self._scope is not None:
             self._scope.cancel(reason="maintenance service stopped")
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[MaintenanceService]:
+        """Run the service for the length of an ``async with`` block, in a
+        nursery of its own, and stop it gracefully on the way out. Whatever
+        ends the block alone (a start-up error, a crash, the block's own
+        exception) comes out as itself, not wrapped in an ExceptionGroup, so
+        ``except UnsupportedSchema`` around the block works."""
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.run)
+                try:
+                    yield self
+                finally:
+                    self.stop()
+        except BaseExceptionGroup as group:
+            error = sole_exception(group)
+            if error is None:
+                raise
+            raise error from error.__cause__
 
     # -- the service ---------------------------------------------------------
 
