@@ -11,12 +11,13 @@ import json
 import sys
 import time
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
 import trio
 
 from .config import MaintenanceConfig
-from .db import Database, DatabaseError, describe_error, open_database
+from .db import Database, DatabaseError, QueryError, describe_error, open_database
 from .errors import UnsupportedSchema
 from .grants import missing_privileges
 from .leadership import LOCK_KEY, unwritable_reason
@@ -88,6 +89,14 @@ def exit_code(findings: list[Finding]) -> int:
 async def check_schema_finding(db: Database) -> tuple[Finding, SchemaInfo | None]:
     try:
         info = await read_schema(db)
+    except QueryError as exc:  # e.g. no USAGE on the awa schema
+        return Finding(
+            "schema",
+            CRITICAL,
+            f"cannot read the awa schema: {describe_error(exc)}",
+            "a leader reads the schema version before anything else",
+            "grant the role the privileges `python -m awa_trio grants` prints",
+        ), None
     except UnsupportedSchema as exc:
         return Finding(
             "schema",
@@ -159,7 +168,7 @@ async def check_leader(db: Database) -> Finding:
             "leader",
             OK,
             f"lock held by pid {holder['pid']} {name or '?'} ({kind}) since "
-            f"{holder['backend_start']:%Y-%m-%d %H:%M:%S%z}",
+            + (f"{since:%Y-%m-%d %H:%M:%S%z}" if (since := holder["backend_start"]) else "? (not visible)"),
             details=details,
         )
     try:
@@ -199,8 +208,17 @@ async def check_horizon(
         LIMIT 1
         """
     )
-    if row is None or row["age"] is None:
+    if row is None:
         return Finding("mvcc_horizon", OK, "no other session holds a snapshot")
+    if row["age"] is None:  # another role's session, seen without pg_read_all_stats
+        return Finding(
+            "mvcc_horizon",
+            WARNING,
+            f"pid {row['pid']} holds a snapshot of unknown age (its transaction start is hidden)",
+            "an old snapshot blocks vacuum, and on queue storage the rollups and ring prunes",
+            "run the doctor as a role with pg_read_all_stats (or a superuser)",
+            {"pid": row["pid"], "backend_xmin": row["xmin"]},
+        )
     age = float(row["age"])
     details = {
         "pid": row["pid"],
@@ -387,19 +405,40 @@ async def collect_findings(
     pool so that the horizon check excludes the doctor's own session."""
     config = config or MaintenanceConfig()
     schema_finding, info = await check_schema_finding(db)
-    findings = [
-        schema_finding,
-        await check_server(db),
-        await check_leader(db),
-        await check_horizon(db, horizon_warning, horizon_critical),
-    ]
+    findings = [schema_finding]
+    findings.append(await _guarded("server", check_server(db)))
+    findings.append(await _guarded("leader", check_leader(db)))
+    findings.append(await _guarded("mvcc_horizon", check_horizon(db, horizon_warning, horizon_critical)))
     if info is not None:
-        findings.extend(await check_backlogs(db, info, config, due_grace))
-    findings.append(await check_clock(db))
-    findings.append(await check_notify(db))
+        try:
+            findings.extend(await check_backlogs(db, info, config, due_grace))
+        except QueryError as exc:
+            findings.append(_refused("backlogs", exc))
+    findings.append(await _guarded("clock_skew", check_clock(db)))
+    findings.append(await _guarded("notify", check_notify(db)))
     if info is not None:
-        findings.append(await check_privileges(db, info))
+        findings.append(await _guarded("privileges", check_privileges(db, info)))
     return findings
+
+
+async def _guarded(check: str, run: Awaitable[Finding]) -> Finding:
+    """A check the server refused (a permission, a missing view) becomes a
+    warning of its own; the other checks still run. A lost connection is not
+    caught: the whole run fails with one line."""
+    try:
+        return await run
+    except QueryError as exc:
+        return _refused(check, exc)
+
+
+def _refused(check: str, exc: QueryError) -> Finding:
+    return Finding(
+        check,
+        WARNING,
+        f"the check could not run: {describe_error(exc)}",
+        "its part of the database is not known to be healthy",
+        "run the doctor as a role with the privileges `python -m awa_trio grants` prints",
+    )
 
 
 def format_findings(findings: list[Finding]) -> str:

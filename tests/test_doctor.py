@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import trio
+from test_grants import as_role, role  # noqa: F401  (the fixture)
 
 from awa_trio.doctor import CRITICAL, OK, WARNING, collect_findings, exit_code
 from awa_trio.leadership import LOCK_KEY
@@ -125,3 +126,30 @@ async def test_an_unreachable_database_is_one_line_and_exit_2(database_url):
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert "cannot use database" in result.stderr
+
+
+async def test_a_read_only_server_is_critical(database_url, db):
+    name = database_url.rsplit("/", 1)[1]
+    await db.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    conn = await hold_lock(db)
+    try:
+        result = await run_doctor_cli(database_url, "--json")
+        assert result.returncode == 2, result.stdout + result.stderr
+        server = next(f for f in json.loads(result.stdout) if f["check"] == "server")
+        assert server["severity"] == CRITICAL and server["details"]["read_only"] is True
+        assert "read-only" in server["summary"]
+    finally:
+        await conn.close()
+
+
+async def test_a_role_without_privileges_gets_findings_not_a_crash(database_url, db, role):  # noqa: F811
+    conn = await hold_lock(db)
+    try:
+        result = await run_doctor_cli(as_role(database_url, role), "--json")
+        assert result.returncode == 2, result.stdout + result.stderr
+        findings = {f["check"]: f for f in json.loads(result.stdout)}
+        assert findings["schema"]["severity"] == CRITICAL
+        assert "cannot read the awa schema" in findings["schema"]["summary"]
+        assert findings["notify"]["severity"] == OK and findings["clock_skew"]["severity"] == OK
+    finally:
+        await conn.close()
