@@ -153,3 +153,14 @@ async def test_a_role_without_privileges_gets_findings_not_a_crash(database_url,
         assert findings["notify"]["severity"] == OK and findings["clock_skew"]["severity"] == OK
     finally:
         await conn.close()
+
+
+async def test_queue_storage_database_with_a_leader_is_healthy(qs_database_url, qs_db):
+    conn = await hold_lock(qs_db)
+    try:
+        findings = await collect_findings(qs_db)
+        assert by_check(findings)["schema"].details["engine"] == "queue_storage"
+        assert [f for f in findings if f.severity != OK] == []
+        assert exit_code(findings) == 0
+    finally:
+        await conn.close()
