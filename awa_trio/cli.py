@@ -54,7 +54,7 @@ log = logging.getLogger("awa_trio")
 
 DEFAULT_DATABASE_URL = "postgresql://localhost:5432/awa"
 ENV_PREFIX = "AWA_"
-COMMANDS = ("run", "migrate", "status", "demo", "grants")
+COMMANDS = ("run", "migrate", "status", "demo", "grants", "doctor")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the leader (default); migrate: install the awa schema with awa-pg; "
         "status: report leadership and backlog from the database; "
         "demo: a throwaway PostgreSQL with a small workload; "
-        "grants: print the GRANT statements of a least-privilege maintenance role for this database",
+        "grants: print the GRANT statements of a least-privilege maintenance role for this database; "
+        "doctor: check this database for a leader (exit 0 healthy, 1 warnings, 2 critical)",
     )
     parser.add_argument(
         "--database-url",
@@ -126,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus /metrics and /livez, /readyz, /status on this address "
         "(env AWA_METRICS_ADDR; default off)",
     )
-    parser.add_argument("--json", action="store_true", help="status: print JSON instead of tables")
+    parser.add_argument("--json", action="store_true", help="status, doctor: print JSON instead of text")
     parser.add_argument(
         "--engine",
         choices=("queue_storage", "canonical"),
@@ -473,6 +474,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .status import print_status
 
             return trio.run(print_status, url, invocation.json_output, invocation.config)
+        if invocation.command == "doctor":
+            from .doctor import run_doctor
+
+            return trio.run(run_doctor, url, invocation.json_output, invocation.config)
         if invocation.command == "grants":
             from .grants import print_grants
 
