@@ -440,7 +440,3 @@ class MaintenanceConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-
-def config_fields() -> list[dataclasses.Field]:
-    """Fields of MaintenanceConfig, in declaration order (used by the CLI)."""
-    return list(dataclasses.fields(MaintenanceConfig))

@@ -48,7 +48,9 @@ async def test_asyncpg_connection_internals_the_bridge_reads(database_url):
             )
             assert raw._protocol._is_cancelling() is False
             address = raw._addr
-            assert isinstance(address, tuple) and len(address) >= 2, f"asyncpg Connection._addr is {address!r}"
+            assert isinstance(address, tuple) and len(address) >= 2, (
+                f"asyncpg Connection._addr is {address!r}"
+            )
             assert isinstance(address[1], int)
         finally:
             await trio_asyncio.aio_as_trio(raw.close)()

@@ -9,7 +9,7 @@ tables as a safety net against drift. Both are Awa's own SQL functions,
 called as they are (they serialise each other with an advisory lock). The
 dashboards and ``queue_stats`` read this cache.
 
-Both are no-ops on queue storage, which keeps its counts another way.
+Neither runs on queue storage, which keeps its counts another way.
 """
 
 from __future__ import annotations
@@ -36,14 +36,6 @@ REFRESH_ADMIN_METADATA_SQL = "SELECT awa.refresh_admin_metadata()"
 class RecomputeDirtyResult:
     #: Dirty queue and kind keys drained and recomputed this pass.
     keys_recomputed: int = 0
-    #: False when the engine keeps no such cache (nothing ran).
-    ran: bool = False
-
-
-@dataclasses.dataclass
-class RefreshResult:
-    #: False when the engine keeps no such cache (nothing ran).
-    ran: bool = False
 
 
 async def run_recompute_dirty(ctx: MaintenanceContext) -> RecomputeDirtyResult:
@@ -51,16 +43,12 @@ async def run_recompute_dirty(ctx: MaintenanceContext) -> RecomputeDirtyResult:
     result.keys_recomputed = int(
         await ctx.db.fetchval(RECOMPUTE_DIRTY_ADMIN_METADATA_SQL, DIRTY_KEY_BATCH_SIZE) or 0
     )
-    result.ran = True
     # Routine upkeep every 2 s under any write traffic: debug, as upstream.
     if result.keys_recomputed:
         log.debug("%s: recomputed %d dirty admin metadata keys", RECOMPUTE_DIRTY_NAME, result.keys_recomputed)
     return result
 
 
-async def run_refresh(ctx: MaintenanceContext) -> RefreshResult:
-    result = RefreshResult()
+async def run_refresh(ctx: MaintenanceContext) -> None:
     await ctx.db.execute(REFRESH_ADMIN_METADATA_SQL)
-    result.ran = True
     log.debug("%s: admin metadata rebuilt from the job tables", REFRESH_NAME)
-    return result

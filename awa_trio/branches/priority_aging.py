@@ -33,8 +33,6 @@ from ..drain import BatchOutcome, DrainBudget, drain
 log = logging.getLogger(__name__)
 
 NAME = "priority_aging"
-#: Default rows per batch (upstream's per-pass limit); see ``priority_aging_batch_size``.
-PRIORITY_AGING_BATCH_SIZE = 1000
 #: Least urgent priority awa allows (CHECK constraint ``priority BETWEEN 1 AND 4``).
 LOWEST_PRIORITY = 4
 #: Levels aged each tick, in this order (see the module docstring).

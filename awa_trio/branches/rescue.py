@@ -263,7 +263,7 @@ async def run_sweep(
     async def batch() -> BatchOutcome | None:
         part = RescueResult()
         taken = await rescue_batch(ctx, sweep, params, part, batch_size)
-        await _apply_side_effects(ctx, sweep, part, announce=False)
+        await _apply_side_effects(ctx, sweep, part)
         result.merge(part)
         return taken
 
@@ -388,12 +388,6 @@ async def cancel_duplicate(
     result.duplicates_cancelled.append(JobRow.from_record(record))
 
 
-async def apply_side_effects(ctx: MaintenanceContext, sweep: RescueSweep, result: RescueResult) -> None:
-    """Everything a committed batch owes the outside world (order in the
-    module docstring), with its log lines."""
-    await _apply_side_effects(ctx, sweep, result, announce=True)
-
-
 def _announce(sweep: RescueSweep, result: RescueResult) -> None:
     if result.duplicates_cancelled:
         log.warning(
@@ -406,17 +400,15 @@ def _announce(sweep: RescueSweep, result: RescueResult) -> None:
         log.warning("%s: rescued %d jobs (%s)", sweep.name, len(result.rescued), sweep.reason)
 
 
-async def _apply_side_effects(
-    ctx: MaintenanceContext, sweep: RescueSweep, result: RescueResult, *, announce: bool
-) -> None:
+async def _apply_side_effects(ctx: MaintenanceContext, sweep: RescueSweep, result: RescueResult) -> None:
+    """What a committed batch owes the outside world (order in the module
+    docstring); the tick's log lines come once, after the drain."""
     if result.duplicates_cancelled:
         ctx.metrics.record_rescues(
             f"{sweep.metric_kind}_duplicate_cancelled", len(result.duplicates_cancelled)
         )
     if result.rescued:
         ctx.metrics.record_rescues(sweep.metric_kind, len(result.rescued))
-    if announce:
-        _announce(sweep, result)
 
     hooks: Hooks | None = ctx.hooks
     if hooks is None:

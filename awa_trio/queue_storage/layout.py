@@ -31,9 +31,6 @@ class QueueStorageLayout:
         """``template`` with ``{schema}`` filled in (the only interpolation we do)."""
         return template.format(schema=self.schema)
 
-    def table(self, name: str) -> str:
-        return f"{self.schema}.{name}"
-
 
 def schema_name(ctx: MaintenanceContext) -> str:
     return ctx.schema.queue_storage_schema
