@@ -439,4 +439,3 @@ class MaintenanceConfig:
     def replace(self, **changes: Any) -> MaintenanceConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
-

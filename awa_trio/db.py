@@ -416,6 +416,12 @@ class Connection:
     async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
         return await self._call(self._raw.fetchrow, sql, *args)
 
+    async def fetchone(self, sql: str, *args: Any) -> asyncpg.Record:
+        """The row of a statement that always returns exactly one (an
+        aggregate, a singleton table): none is a ``QueryError``, so callers
+        index it without a None check."""
+        return _the_row(await self.fetchrow(sql, *args), sql)
+
     async def fetchval(self, sql: str, *args: Any) -> Any:
         return await self._call(self._raw.fetchval, sql, *args)
 
@@ -653,6 +659,14 @@ def _protocol_state_unknown(exc: ConnectionLost) -> bool:
     )
 
 
+def _the_row(row: asyncpg.Record | None, sql: str) -> asyncpg.Record:
+    """See ``fetchone``."""
+    if row is None:
+        first_line = sql.strip().splitlines()[0] if sql.strip() else sql
+        raise QueryError(f"a statement that always returns one row returned none: {first_line}")
+    return row
+
+
 def _terminate(raw: Any) -> None:
     """Abort a connection or pool at once (no round trip); never raises."""
     try:
@@ -708,6 +722,10 @@ class Database:
 
     async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
         return await self._pooled("fetchrow", sql, args)
+
+    async def fetchone(self, sql: str, *args: Any) -> asyncpg.Record:
+        """See ``Connection.fetchone``."""
+        return _the_row(await self.fetchrow(sql, *args), sql)
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
         return await self._pooled("fetchval", sql, args)

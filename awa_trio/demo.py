@@ -12,6 +12,7 @@ everything up.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import signal
 import subprocess
@@ -233,14 +234,14 @@ async def _workload(
     client = awa.Client(url)
     soon = dt.datetime.now(dt.UTC)
     for n, delay in enumerate((3, 6, 9)):
-        await trio.to_thread.run_sync(
-            lambda n=n, delay=delay: client.insert(
-                {"to": f"user{n}@example.com"},
-                kind="send_email",
-                queue=DEMO_QUEUE,
-                run_at=soon + dt.timedelta(seconds=delay),
-            )
+        insert = functools.partial(
+            client.insert,
+            {"to": f"user{n}@example.com"},
+            kind="send_email",
+            queue=DEMO_QUEUE,
+            run_at=soon + dt.timedelta(seconds=delay),
         )
+        await trio.to_thread.run_sync(insert)
     async with open_database(url, pool_size=1) as db:
 
         async def narrate() -> None:

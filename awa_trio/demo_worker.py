@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from typing import Any
 
 DEMO_QUEUE = "demo"
 
@@ -28,15 +29,15 @@ async def main() -> None:
     client = awa.AsyncClient(args.dsn)
 
     @client.task(dict, kind="send_email", queue=args.queue)
-    async def send_email(job):
+    async def send_email(job: Any) -> None:
         await asyncio.sleep(0.2)
 
     @client.task(dict, kind="demo_tick", queue=args.queue)
-    async def tick(job):
+    async def tick(job: Any) -> None:
         return None
 
     @client.task(dict, kind="slow_report", queue=args.queue)
-    async def slow_report(job):
+    async def slow_report(job: Any) -> None:
         print(f"STARTED {job.id} {job.attempt}", flush=True)
         if args.die_on_first:
             await asyncio.Event().wait()  # the demo kills this process now

@@ -269,6 +269,7 @@ class LeaderElector:
                         await self._wait_for_next_try()
                     continue
                 backoff.reset()
+                assert candidate is not None  # holding the lock means a connection
                 lock, candidate = candidate, None
                 outcome = await self._hold(lock)
                 if outcome is TermOutcome.ABANDONED:
@@ -393,7 +394,7 @@ class LeaderElector:
                 # server restarting. Leading half-started is not an option.
                 log.error(
                     "leadership term failed, releasing the lock and retrying: %s",
-                    sole_exception(failed) or failed,
+                    (sole_exception(failed) if failed is not None else None) or failed,
                 )
                 outcome = TermOutcome.FAILED
         finally:

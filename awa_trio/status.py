@@ -102,7 +102,7 @@ async def collect_status(db: Database, config: MaintenanceConfig | None = None) 
     }
     try:
         rescue: dict[str, Any] = dict(
-            await db.fetchrow(RESCUE_BACKLOG_SQL.format(table=rescue_table), config.heartbeat_staleness)
+            await db.fetchone(RESCUE_BACKLOG_SQL.format(table=rescue_table), config.heartbeat_staleness)
         )
     except QueryError as exc:
         # On queue storage awa.jobs decodes every row's payload, and one

@@ -565,11 +565,11 @@ async def scan_operation(
     (``running`` once the snapshot is complete, ``cancelling`` if a cancel
     arrived first)."""
     operation_id = result.operation_id
-    bounds = await conn.fetchrow(storage.scan_bounds_sql, *plan.filter_args)
+    bounds = await conn.fetchone(storage.scan_bounds_sql, *plan.filter_args)
     max_job_id = bounds["max_job_id"]
     after_job_id = 0
     while after_job_id < max_job_id:
-        page = await conn.fetchrow(
+        page = await conn.fetchone(
             storage.scan_page_sql, *plan.filter_args, operation_id, after_job_id, max_job_id, page_size
         )
         if page["last_job_id"] is None:
@@ -577,9 +577,10 @@ async def scan_operation(
         result.scanned += page["page_jobs"]
         after_job_id = page["last_job_id"]
         if page["operation_state"] != "scanning":
-            return page["operation_state"]
+            scan_stopped_by: str = page["operation_state"]
+            return scan_stopped_by
     cursor = {"after_job_id": 0, "max_job_id": max_job_id}
-    state = await conn.fetchval(MARK_SCANNED_SQL, operation_id, bounds["total_matched"], cursor)
+    state: str | None = await conn.fetchval(MARK_SCANNED_SQL, operation_id, bounds["total_matched"], cursor)
     if state is None:
         state = await conn.fetchval(OPERATION_STATE_SQL, operation_id)
     return state
@@ -612,6 +613,7 @@ async def apply_item(
 ) -> str | None:
     """One job, applied atomically; returns the operation state after it."""
     operation_id = result.operation_id
+    assert operation_id is not None  # claimed before any item is applied
     try:
         row = await storage.apply_job(conn, plan, operation_id, job_id)
     except QueryError as exc:
@@ -620,12 +622,16 @@ async def apply_item(
         message = f"job_id={job_id}: {exc}"
         log.warning("%s: operation %s: %s", NAME, operation_id, message)
         result.errored += 1
-        return await conn.fetchval(RECORD_ITEM_ERROR_SQL, operation_id, job_id, message)
+        state_after_error: str | None = await conn.fetchval(
+            RECORD_ITEM_ERROR_SQL, operation_id, job_id, message
+        )
+        return state_after_error
     if row["outcome"] == "processed":
         result.processed += 1
     else:
         result.skipped += 1
-    return row["operation_state"]
+    state_after: str | None = row["operation_state"]
+    return state_after
 
 
 async def finalize_operation(

@@ -333,7 +333,7 @@ async def _drain_jobs_step(
     async def batch() -> BatchOutcome | None:
         nonlocal cursor
         try:
-            row = await ctx.db.fetchrow(sql, *args, batch_size, cursor)
+            row = await ctx.db.fetchone(sql, *args, batch_size, cursor)
         except QueryError as exc:
             _log_failed_step(result, step, exc)
             return None

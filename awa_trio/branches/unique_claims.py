@@ -27,7 +27,8 @@ CLAIM_HOLDER_SQL = """
 async def unique_claim_holder(ctx: MaintenanceContext, job_id: int) -> int | None:
     """Best effort: only for the log line."""
     try:
-        return await ctx.db.fetchval(CLAIM_HOLDER_SQL, job_id)
+        holder = await ctx.db.fetchval(CLAIM_HOLDER_SQL, job_id)
+        return None if holder is None else int(holder)
     except DatabaseError as exc:
         log.debug("claim holder lookup for job %d failed: %s", job_id, exc)
         return None

@@ -144,6 +144,8 @@ async def evaluate_schedules(
     problems = problems or ProblemLog()
     evaluated_at, rows = await list_cron_jobs(db)
     now = now or evaluated_at
+    if now is None:  # no schedules, so no database clock and nothing to fire
+        return result
     result.schedules = len(rows)
     for row in rows:
         await trio.lowlevel.checkpoint()  # fire computation is CPU; let other tasks in

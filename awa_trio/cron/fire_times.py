@@ -169,9 +169,9 @@ class CronSchedule:
         local = floor_to_second(instant).astimezone(self.zone)
         if not local.fold:
             return None
-        low = floor_to_second(instant) - (local.replace(fold=0).utcoffset() - local.utcoffset())
+        offset = _utc_offset(local)
+        low = floor_to_second(instant) - (_utc_offset(local.replace(fold=0)) - offset)
         high = floor_to_second(instant)
-        offset = local.utcoffset()
         while high - low > ONE_SECOND:  # low: before the transition, high: after
             middle = floor_to_second(low + (high - low) / 2)
             if middle.astimezone(self.zone).utcoffset() == offset:
@@ -290,3 +290,11 @@ def compute_fire_times(
         return schedule.fires_between(last_enqueued_at, now, limit)
     latest = schedule.latest_fire(last_enqueued_at, now)
     return [latest] if latest is not None and latest > last_enqueued_at else [first_missed]
+
+
+def _utc_offset(aware: datetime) -> timedelta:
+    """The offset of a datetime in a zone (never None for an aware one)."""
+    offset = aware.utcoffset()
+    if offset is None:
+        raise ValueError(f"{aware!r} has no time zone")
+    return offset

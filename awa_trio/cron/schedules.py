@@ -75,13 +75,15 @@ class PeriodicJob:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise PeriodicJobError(f"a periodic job needs a non-empty name, got {self.name!r}")
-        if not isinstance(self.cron_expr, str):
+        # Typed str, but filled from TOML, flags and embedders' code: checked.
+        given: tuple[object, object] = (self.cron_expr, self.timezone)
+        if not isinstance(given[0], str):
             self._fail(f"the cron expression must be a string, got {self.cron_expr!r}")
         try:
             parse_cron_expression(self.cron_expr)
         except CronExpressionError as exc:
             self._fail(f"invalid cron expression {self.cron_expr!r}: {exc}")
-        if not isinstance(self.timezone, str):
+        if not isinstance(given[1], str):
             self._fail(f"timezone must be a string, got {self.timezone!r}")
         try:
             load_zone(self.timezone)
@@ -129,7 +131,10 @@ class PeriodicJob:
             self._fail(f"{field} is not JSON-serialisable: {exc}")
         if "\\u0000" in text:
             self._fail(f"{field} contains a NUL character, which PostgreSQL's jsonb rejects")
-        return json.loads(text)  # a private copy: later changes to the caller's dict do not leak in
+        copied: dict[str, Any] = json.loads(
+            text
+        )  # a private copy: later changes to the caller's dict do not leak in
+        return copied
 
     def _tags(self, value: Any) -> tuple[str, ...]:
         if isinstance(value, str) or not isinstance(value, Iterable):

@@ -157,6 +157,7 @@ async def atomic_enqueue(
 ) -> int | None:
     """Claim one fire and insert its job; the job id, or None if the fire was
     already claimed (another leader moved the mark) or the schedule is paused."""
-    return await db.fetchval(
+    job_id = await db.fetchval(
         ATOMIC_ENQUEUE_SQL, name, fire_time, previous_enqueued_at, format_fire_time(fire_time)
     )
+    return None if job_id is None else int(job_id)

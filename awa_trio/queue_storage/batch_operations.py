@@ -441,7 +441,7 @@ async def _reenter_available(
         return False
     await conn.execute(sql["ensure_lane_sequences"], target_queue, target_priority, shard)
     position = await conn.fetchval(sql["reserve_position"], target_queue, target_priority, shard)
-    row = await conn.fetchrow(
+    row = await conn.fetchone(
         sql["reenter_ready"],
         *old_key,
         target_queue,
@@ -451,7 +451,7 @@ async def _reenter_available(
         priority is not None,
         position,
     )
-    return row["moved"] == 1
+    return bool(row["moved"] == 1)
 
 
 async def run_once(

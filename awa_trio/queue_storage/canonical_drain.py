@@ -317,7 +317,7 @@ class DrainStatus:
 
 async def read_drain_status(ctx: MaintenanceContext) -> DrainStatus:
     blockers = FINALIZE_BLOCKERS.get(ctx.schema.version, FINALIZE_BLOCKERS[39])
-    row = await ctx.db.fetchrow(DRAIN_STATUS_SQL, list(blockers))
+    row = await ctx.db.fetchone(DRAIN_STATUS_SQL, list(blockers))
     return DrainStatus(
         **{
             field: row[field]

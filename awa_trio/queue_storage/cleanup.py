@@ -129,6 +129,7 @@ async def purge_expired_dlq(ctx: MaintenanceContext, result: QueueStorageCleanup
 
     for queue in override_queues:
         retention = config.queue_retention_overrides[queue].dlq
+        assert retention is not None  # override_queues holds only queues with one
         purged = await _drain(
             ctx,
             result,

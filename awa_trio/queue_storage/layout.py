@@ -40,7 +40,7 @@ async def read_layout(ctx: MaintenanceContext) -> QueueStorageLayout:
     """Ring sizes, read per call (a single-row lookup; rings are resized only
     by a migration, but reading keeps no stale copy across terms)."""
     schema = schema_name(ctx)
-    row = await ctx.db.fetchrow(RING_SIZES_SQL.format(schema=schema))
+    row = await ctx.db.fetchone(RING_SIZES_SQL.format(schema=schema))
     return QueueStorageLayout(
         schema=schema,
         queue_slots=int(row["queue_slots"]),

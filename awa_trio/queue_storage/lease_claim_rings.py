@@ -281,9 +281,9 @@ async def prune_oldest(
         # Read committed whatever the database default, as the queue ring:
         # the gates after the lock wait must see what committed during it.
         async with ctx.db.transaction(isolation=READ_COMMITTED) as conn:
-            cursor = await conn.fetchrow(LOCK_CURSOR_SQL.format(**ring_sql))
+            locked = await conn.fetchone(LOCK_CURSOR_SQL.format(**ring_sql))
             oldest = oldest_sealed_slot(
-                int(cursor["current_slot"]), int(cursor["generation"]), int(cursor["slot_count"])
+                int(locked["current_slot"]), int(locked["generation"]), int(locked["slot_count"])
             )
             if oldest is None:
                 return PruneResult(outcome=PruneOutcome.NOOP)

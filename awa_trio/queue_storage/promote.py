@@ -58,6 +58,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import trio
 
@@ -299,12 +301,12 @@ _FILE_SQL_TEMPLATE = """
 """
 
 
-def _int_array(values, sql_type: str) -> str:
+def _int_array(values: Iterable[Any], sql_type: str) -> str:
     """An array literal of integers (int() keeps anything else out of the SQL)."""
     return f"ARRAY[{','.join(str(int(value)) for value in values)}]::{sql_type}[]"
 
 
-def file_sql(schema: str, lanes) -> str:
+def file_sql(schema: str, lanes: Iterable[Mapping[str, Any]]) -> str:
     """FILE and COMMIT for PICK's lanes, as one simple-protocol query."""
     job_ids, first_seqs, shards = [], [], []
     for lane in lanes:
@@ -568,7 +570,7 @@ async def promote_due_state(ctx: MaintenanceContext, schema: str, state: str, re
             return
 
 
-async def run_batch(ctx: MaintenanceContext, schema: str, pick_sql: str, *pick_args) -> list:
+async def run_batch(ctx: MaintenanceContext, schema: str, pick_sql: str, *pick_args: Any) -> list[Any]:
     """One batch in its own transaction, the planner setting sent with the
     BEGIN: PICK, then FILE with the COMMIT (FILE a statement of its own, so
     that it reads the ring with the lane locks held: see the lane-order

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+from collections.abc import Callable
 
 from ..context import MaintenanceContext
 from ..db import Connection, QueryError
@@ -290,7 +291,7 @@ async def rollup_slot(
         raise
 
 
-async def _rollup_slot_tx(conn: Connection, sql, slot: int, generation: int) -> _Slot:
+async def _rollup_slot_tx(conn: Connection, sql: Callable[[str], str], slot: int, generation: int) -> _Slot:
     current_slot = await conn.fetchval(sql(LOCK_RING_SQL))
     slot_generation = await conn.fetchval(sql(LOCK_SLOT_SQL), slot)
     if current_slot == slot:
@@ -313,10 +314,10 @@ async def _rollup_slot_tx(conn: Connection, sql, slot: int, generation: int) -> 
     if await conn.fetchval(MVCC_PINNED_SQL):
         return _Slot(SlotOutcome.SKIPPED_MVCC_PINNED)
 
-    rows = await conn.fetchrow(sql(DELTA_ROWS_SQL), generation)
+    rows = await conn.fetchone(sql(DELTA_ROWS_SQL), generation)
     if not rows["this_generation"]:
         return _Slot(SlotOutcome.EMPTY)
-    grouped_keys = (await conn.fetchrow(sql(FOLD_DELTAS_SQL), generation))["grouped_keys"]
+    grouped_keys = (await conn.fetchone(sql(FOLD_DELTAS_SQL), generation))["grouped_keys"]
     if rows["other_generations"]:
         log.warning(
             "%s: delta child of slot %d holds %d rows of other generations; "
