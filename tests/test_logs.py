@@ -48,11 +48,14 @@ async def test_json_lines_carry_branch_and_term(database_url):
     assert code == 0, out
     records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert records and len(records) == len([line for line in out.splitlines() if line.strip()]), out[:2000]
-    assert {"time", "level", "logger", "message", "branch", "term"} <= set(records[0])
-    in_branches = {r["branch"] for r in records if r["branch"] and r["term"] == 1}
+    assert all({"time", "level", "logger", "message", "branch"} <= set(r) for r in records)
+    in_branches = {r["branch"] for r in records if r["branch"] and r.get("term") == 1}
     assert "cron_sync" in in_branches, [r for r in records if r["branch"]][:10]
     elected = [r for r in records if r["message"].startswith("elected maintenance leader")]
     assert elected and elected[0]["branch"] is None
+    # Outside a term there is no term: the key is left out, never null.
+    assert all(r["term"] is not None for r in records if "term" in r)
+    assert any("term" not in r for r in records), out[:2000]
 
 
 async def test_no_password_reaches_logs_errors_or_help(database_url):
