@@ -952,8 +952,9 @@ async def _open_database(
             pool.release(await pool.acquire(), clean=True)
         except ConnectionLost as exc:
             # asyncpg's DSN parser reports a malformed URL as a ValueError
-            # (ClientConfigurationError is one too): a usage error, not an outage.
-            if isinstance(exc.__cause__, ValueError):
+            # (ClientConfigurationError is one too): a usage error, not an
+            # outage. A refused certificate is a ValueError too, but an OSError.
+            if isinstance(exc.__cause__, ValueError) and not isinstance(exc.__cause__, OSError):
                 raise InvalidDatabaseURL(f"invalid database URL {redact_url(dsn)}: {exc.__cause__}") from exc
             raise
         try:
