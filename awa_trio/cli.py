@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import importlib.util
 import json
 import logging
@@ -33,6 +34,7 @@ from .config import (
     MaintenanceConfig,
     RetentionPolicy,
     format_duration,
+    parse_duration,
     retention_policy_from,
 )
 from .cron import (
@@ -49,6 +51,7 @@ from .http_api import parse_address, prometheus_meter_provider
 from .logs import LOG_FORMATS, configure_logging, redact_url, secrets_of
 from .schema import migrate
 from .service import MaintenanceService
+from .status import EXIT_NO_LEADER
 
 log = logging.getLogger("awa_trio")
 
@@ -56,6 +59,19 @@ DEFAULT_DATABASE_URL = "postgresql://localhost:5432/awa"
 ENV_PREFIX = "AWA_"
 COMMANDS = ("run", "migrate", "status", "demo", "grants", "doctor")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+#: The CLI's promise, printed at the end of ``--help``.
+EXIT_CODES = (
+    "exit codes:\n"
+    "  0  success; status: a node holds the maintenance lock; doctor: healthy\n"
+    "  1  a runtime failure (server unreachable, unsupported schema, migration failed); "
+    "doctor: warnings\n"
+    "  2  usage or configuration error (unknown flag, bad value, malformed URL or config file); "
+    "doctor: critical\n"
+    f"  {EXIT_NO_LEADER}  status: no node holds the maintenance lock"
+)
+#: Tables and keys a --config file may hold at its top level.
+FILE_TABLES = ("maintenance", "queue_retention", "dlq_policy", "periodic_jobs")
+FILE_KEYS = ("database_url", "lock_database_url", "metrics_addr")
 
 
 def env_name(field_name: str) -> str:
@@ -80,8 +96,31 @@ class _OneLineErrorParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"awa_trio: invalid configuration: {message} (see --help)\n")
 
+    def refuse_unknown_options(self, argv: Sequence[str]) -> None:
+        """Name a mistyped ``--flag`` and the nearest real one. (argparse
+        would take ``--databse-url X`` as an unknown flag plus a command X,
+        and report only that X is not a command.)"""
+        known = self._option_string_actions
+        takes_value = False
+        for token in argv:
+            if takes_value:
+                takes_value = False
+                continue
+            if token == "--":
+                return
+            if not token.startswith("--"):
+                continue
+            name, has_value, _ = token.partition("=")
+            action = known.get(name)
+            if action is None:
+                longs = sorted(option for option in known if option.startswith("--"))
+                close = difflib.get_close_matches(name, longs, n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]}?" if close else " (see --help)"
+                self.exit(EXIT_USAGE, f"awa_trio: invalid configuration: unknown option {name}{hint}\n")
+            takes_value = action.nargs != 0 and not has_value
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser() -> _OneLineErrorParser:
     parser = _OneLineErrorParser(
         prog="python -m awa_trio",
         allow_abbrev=False,
@@ -90,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "Durations accept 250ms, 30s, 5m, 24h, 30d or plain seconds.\n"
             "Each setting can also come from the environment variable shown, or from\n"
-            "--config FILE (TOML); flags win over the environment, which wins over the file."
+            "--config FILE (TOML); flags win over the environment, which wins over the file.\n\n" + EXIT_CODES
         ),
     )
     parser.add_argument(
@@ -136,10 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--duration",
-        type=float,
         default=None,
-        metavar="SECONDS",
-        help="demo: stop by itself after this long (default: at Ctrl-C)",
+        metavar="DURATION",
+        help="demo: stop by itself after this long, e.g. 45s or 2m (default: at Ctrl-C)",
     )
     parser.add_argument(
         "--role",
@@ -245,17 +283,55 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
+def _nearest(name: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return close[0] if close else ""
+
+
+def _check_file_layout(document: Mapping[str, Any], path: str) -> None:
+    """Every key of the file means something: a setting at the top level or
+    under a misspelled table is an error naming it, not silently ignored."""
+    fields = [field.name for field in dataclasses.fields(MaintenanceConfig)]
+    for key, value in document.items():
+        if key in FILE_TABLES or key in FILE_KEYS:
+            continue
+        if key.replace("-", "_") in fields:
+            raise ConfigError(f"{path}: setting {key!r} belongs under [maintenance], not at the top level")
+        array = isinstance(value, list) and bool(value) and all(isinstance(v, Mapping) for v in value)
+        if isinstance(value, Mapping) or array:
+            left, right = ("[[", "]]") if array else ("[", "]")
+            near = _nearest(key, FILE_TABLES)
+            hint = f"; did you mean {left}{near}{right}?" if near else f" (tables: {', '.join(FILE_TABLES)})"
+            raise ConfigError(f"{path}: unknown table {left}{key}{right}{hint}")
+        near = _nearest(key, FILE_KEYS)
+        hint = f"; did you mean {near!r}?" if near else f" (top-level keys: {', '.join(FILE_KEYS)})"
+        raise ConfigError(f"{path}: unknown key {key!r}{hint}")
+    for key in FILE_KEYS:
+        if key in document and not isinstance(document[key], str):
+            raise ConfigError(f"{path}: {key} must be a string")
+    dlq = document.get("dlq_policy")
+    if isinstance(dlq, Mapping):
+        for key in dlq:
+            if key not in ("enabled_default", "overrides"):
+                near = _nearest(key, ("enabled_default", "overrides"))
+                hint = f"; did you mean {near!r}?" if near else " (use enabled_default, overrides)"
+                raise ConfigError(f"{path}: unknown setting {key!r} in [dlq_policy]{hint}")
+
+
 def _settings_from_file(document: Mapping[str, Any], path: str) -> dict[str, Any]:
-    """Settings from the file's [maintenance] table (or its top level)."""
-    known = {field.name: field for field in dataclasses.fields(MaintenanceConfig)}
+    """Settings from the file's [maintenance], [queue_retention] and [dlq_policy] tables."""
+    _check_file_layout(document, path)
+    settable = [field.name for field in dataclasses.fields(MaintenanceConfig)]
     table = document.get("maintenance", {})
     if not isinstance(table, Mapping):
         raise ConfigError(f"{path}: [maintenance] must be a table")
     values: dict[str, Any] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
-        if name not in known:
-            raise ConfigError(f"{path}: unknown setting {key!r} in [maintenance]")
+        if name not in settable:
+            near = _nearest(name, settable)
+            hint = f"; did you mean {near!r}?" if near else ""
+            raise ConfigError(f"{path}: unknown setting {key!r} in [maintenance]{hint}")
         values[name] = value
     retention = document.get("queue_retention", {})
     if not isinstance(retention, Mapping):
@@ -297,7 +373,9 @@ class Invocation:
 def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> Invocation:
     """Merge flags, environment, file and defaults into one validated config."""
     environ = os.environ if environ is None else environ
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    parser.refuse_unknown_options(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
 
     config_path = args.config or environ.get("AWA_CONFIG")
     document = load_config_file(config_path) if config_path else {}
@@ -359,6 +437,11 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     lock_database_url = (
         args.lock_database_url or environ.get("AWA_LOCK_DATABASE_URL") or document.get("lock_database_url")
     )
+    for name, value in (("database URL", database_url), ("lock database URL", lock_database_url)):
+        # The driver checks the rest when it connects (also exit 2); awa-pg's
+        # migrate would otherwise try a mysql:// URL as a host name.
+        if value and value.partition("://")[0] not in ("postgresql", "postgres"):
+            raise ConfigError(f"{name} {redact(value)} must start with postgresql:// or postgres://")
     from_file = periodic_jobs_from_document(document, source=config_path) if document and config_path else ()
     job_flags = args.periodic_job
     if job_flags is None:
@@ -377,8 +460,11 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     metrics_addr = args.metrics_addr or environ.get("AWA_METRICS_ADDR") or document.get("metrics_addr")
     if metrics_addr:
         parse_address(metrics_addr)
-    if args.duration is not None and not args.duration > 0:
-        raise ConfigError(f"--duration must be > 0 seconds, not {args.duration:g}")
+    demo_duration = None
+    if args.duration is not None:
+        demo_duration = parse_duration(args.duration, field="--duration")
+        if not demo_duration > 0:
+            raise ConfigError(f"--duration must be > 0, not {args.duration!r}")
     if args.role is not None and not args.role.strip():
         raise ConfigError("--role needs a role name")
     return Invocation(
@@ -386,7 +472,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         metrics_addr=metrics_addr or None,
         json_output=args.json,
         demo_engine=args.engine,
-        demo_duration=args.duration,
+        demo_duration=demo_duration,
         grants_role=DEFAULT_ROLE if args.role is None else args.role,
         lock_database_url=lock_database_url or None,
         command=args.command,
@@ -400,15 +486,47 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     )
 
 
-def config_as_json(config: MaintenanceConfig) -> str:
-    def encode(value: Any) -> Any:
-        if dataclasses.is_dataclass(value):
-            return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        if isinstance(value, Mapping):
-            return {k: encode(v) for k, v in value.items()}
-        return value
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: _encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    return value
 
-    return json.dumps(encode(config), indent=2, sort_keys=True)
+
+def config_as_json(config: MaintenanceConfig, invocation: Invocation | None = None) -> str:
+    """The maintenance settings, and with ``invocation`` everything else the
+    run uses: URLs (redacted), metrics address, logging, periodic jobs and
+    disabled branches."""
+    document = _encode(config)
+    if invocation is not None:
+        document.update(
+            command=invocation.command,
+            database_url=redact(invocation.database_url),
+            lock_database_url=redact(invocation.lock_database_url) if invocation.lock_database_url else None,
+            metrics_addr=invocation.metrics_addr,
+            log_level=invocation.log_level,
+            log_format=invocation.log_format,
+            periodic_jobs=_encode(list(invocation.periodic_jobs)),
+            disabled_branches=list(invocation.disabled_branches),
+        )
+    return json.dumps(document, indent=2, sort_keys=True, default=str)
+
+
+def build_service(invocation: Invocation, *, with_metrics: bool = True) -> MaintenanceService:
+    """The service ``run`` starts; ``--print-config`` builds it too, so both
+    refuse the same settings."""
+    return MaintenanceService(
+        invocation.database_url,
+        invocation.config,
+        disabled_branches=invocation.disabled_branches,
+        periodic_jobs=invocation.periodic_jobs,
+        meter_provider=prometheus_meter_provider() if with_metrics and invocation.metrics_addr else None,
+        http_address=invocation.metrics_addr,
+        lock_database_url=invocation.lock_database_url,
+    )
 
 
 def redact(url: str) -> str:
@@ -439,7 +557,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
 
     if invocation.print_config:
-        print(config_as_json(invocation.config))
+        try:
+            build_service(invocation, with_metrics=False).validate_disabled_branches()
+        except ConfigError as exc:
+            print(f"awa_trio: invalid configuration: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(config_as_json(invocation.config, invocation))
         return EXIT_OK
 
     url = invocation.database_url
@@ -482,15 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .grants import print_grants
 
             return trio.run(print_grants, url, invocation.grants_role)
-        service = MaintenanceService(
-            url,
-            invocation.config,
-            disabled_branches=invocation.disabled_branches,
-            periodic_jobs=invocation.periodic_jobs,
-            meter_provider=prometheus_meter_provider() if invocation.metrics_addr else None,
-            http_address=invocation.metrics_addr,
-            lock_database_url=invocation.lock_database_url,
-        )
+        service = build_service(invocation)
         trio.run(serve, service)
         return EXIT_OK
     except BaseExceptionGroup as group:

@@ -39,6 +39,9 @@ import asyncpg
 import trio
 import trio_asyncio
 
+from .errors import ConfigError
+from .logs import redact_url
+
 log = logging.getLogger(__name__)
 
 #: How long shielded cleanup (rollback, release, close) may take after a cancel.
@@ -83,6 +86,11 @@ class DatabaseError(Exception):
 
 class ConnectionLost(DatabaseError):
     """The connection is closed, reset, terminated, or could not be opened."""
+
+
+class InvalidDatabaseURL(ConnectionLost, ConfigError):
+    """The URL itself is malformed: a configuration error (the CLI exits 2),
+    still a ConnectionLost for callers that catch database errors."""
 
 
 class DatabaseClosed(ConnectionLost):
@@ -960,9 +968,13 @@ async def _open_database(
             # One connection at start (a service drops it once it knows it
             # is following).
             pool.release(await pool.acquire(), clean=True)
-        except (ValueError, asyncpg.ClientConfigurationError) as exc:
-            # asyncpg's DSN parser reports malformed URLs as ValueError.
-            raise ConnectionLost(f"invalid database URL: {exc}") from exc
+        except ConnectionLost as exc:
+            # asyncpg's DSN parser reports a malformed URL as a ValueError
+            # (ClientConfigurationError is one too): a usage error, not an
+            # outage. A refused certificate is a ValueError too, but an OSError.
+            if isinstance(exc.__cause__, ValueError) and not isinstance(exc.__cause__, OSError):
+                raise InvalidDatabaseURL(f"invalid database URL {redact_url(dsn)}: {exc.__cause__}") from exc
+            raise
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(pool.close_idle_connections)

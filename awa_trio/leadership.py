@@ -57,7 +57,8 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import trio
 
@@ -86,11 +87,33 @@ HISTORY_LENGTH = 100
 # (default_transaction_read_only on the role, the database or the URL) would
 # keep the lock from a healthy node elsewhere while every branch fails.
 WRITABLE_SQL = "(NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off')"
+# A try that fails also names the holder (in the same round trip), so a
+# follower can say who leads; the MATERIALIZED attempt runs once, first.
 TRY_LOCK_SQL = f"""
-    SELECT pg_is_in_recovery() AS in_recovery,
-           current_setting('transaction_read_only') = 'on' AS read_only,
-           CASE WHEN {WRITABLE_SQL} THEN pg_try_advisory_lock($1) ELSE false END AS acquired,
-           pg_backend_pid() AS backend_pid
+    WITH attempt AS MATERIALIZED (
+        SELECT pg_is_in_recovery() AS in_recovery,
+               current_setting('transaction_read_only') = 'on' AS read_only,
+               CASE WHEN {WRITABLE_SQL} THEN pg_try_advisory_lock($1) ELSE false END AS acquired,
+               pg_backend_pid() AS backend_pid
+    )
+    SELECT attempt.*,
+           holder.pid AS holder_pid,
+           holder.application_name AS holder_application_name,
+           holder.client_addr AS holder_client_addr
+    FROM attempt
+    LEFT JOIN LATERAL (
+        SELECT l.pid, a.application_name, host(a.client_addr) AS client_addr
+        FROM pg_locks AS l
+        LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+        WHERE NOT attempt.acquired
+          AND l.locktype = 'advisory'
+          AND l.granted
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid::bigint = ($1::bigint >> 32)
+          AND l.objid::bigint = ($1::bigint & 4294967295)
+          AND l.objsubid = 1
+        LIMIT 1
+    ) AS holder ON true
 """
 #: Errors retry after this, doubling up to MAX_ERROR_BACKOFF (or the election
 #: interval if shorter): a failover or a restart is led again within about a
@@ -253,6 +276,8 @@ class LeaderElector:
         self._release_heard = trio.Event()
         #: The election connection that LISTENs for release notices (a standby's does not).
         self._listening_on: Connection | None = None
+        #: The lock holder this follower last said leads: (pid, application_name).
+        self._leader_seen: tuple[int, str | None] | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -324,7 +349,26 @@ class LeaderElector:
             # promotion in place and polls on.
             await conn.close()
             return None, False
+        if not row["acquired"]:
+            self._note_leader(row)
         return conn, bool(row["acquired"])
+
+    def _note_leader(self, row: Mapping[str, Any]) -> None:
+        """One line on becoming a follower and one each time the leader
+        changes, naming the session that holds the lock (a follower is
+        otherwise silent for as long as it follows)."""
+        if row["holder_pid"] is None:
+            return  # free between two tries (a release, a crash): the next try says
+        seen = (row["holder_pid"], row["holder_application_name"])
+        if seen == self._leader_seen:
+            return
+        self._leader_seen = seen
+        log.info(
+            "following: the maintenance lock is held by backend pid %d (application_name %s, from %s)",
+            row["holder_pid"],
+            repr(row["holder_application_name"]) if row["holder_application_name"] else "not visible",
+            row["holder_client_addr"] or "a local socket or not visible",
+        )
 
     def _note_writability(self, reason: str | None) -> None:
         """One line when a server turns out not to be writable, one when it is again."""
@@ -364,6 +408,7 @@ class LeaderElector:
         self._state.lock_backend_pid = lock.backend_pid
         self.lock_connection = lock
         self._state.set_leader(True)
+        self._leader_seen = None  # following again later names the leader again
         log.info("elected maintenance leader (lock backend pid %d)", lock.backend_pid)
         try:
             async with trio.open_nursery() as nursery:

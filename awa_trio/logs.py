@@ -94,8 +94,8 @@ class AsyncpgPoolNoiseFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, branch, term
-    (and the traceback, if any)."""
+    """One JSON object per line: time, level, logger, message, branch, the
+    term while leading (and the traceback, if any)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -104,8 +104,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
             "branch": getattr(record, "branch", None),
-            "term": getattr(record, "term", None),
         }
+        term = getattr(record, "term", None)
+        if term is not None:  # outside a term there is none to name (not "term": null)
+            entry["term"] = term
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:

@@ -40,7 +40,15 @@ from .hooks import Hooks
 from .leadership import LeaderElector, LeadershipState
 from .logs import CURRENT_TERM
 from .metrics import MaintenanceMetrics
-from .schema import CANONICAL, QUEUE_STORAGE, STATE_ACTIVE, STATE_MIXED_TRANSITION, SchemaInfo, check_schema
+from .schema import (
+    CANONICAL,
+    QUEUE_STORAGE,
+    STATE_ACTIVE,
+    STATE_MIXED_TRANSITION,
+    SUPPORTED_SCHEMA_VERSIONS,
+    SchemaInfo,
+    check_schema,
+)
 from .supervisor import read_supported_schema, run_leader_term
 from .tracker_actor import TrackerClient
 
@@ -213,6 +221,21 @@ class MaintenanceService:
                 f"disabled_branches names unknown branches: {', '.join(unknown)} "
                 f"(known: {', '.join(sorted(known))})"
             )
+
+    def validate_disabled_branches(self) -> None:
+        """What the run checks at its first term, without a database: each
+        disabled name must be a branch on some engine of a supported version
+        (``--print-config`` says what the run would refuse)."""
+        error: ConfigError | None = None
+        for version in SUPPORTED_SCHEMA_VERSIONS:
+            try:
+                self._check_disabled_branches(SchemaInfo(version, CANONICAL))
+            except ConfigError as exc:
+                error = exc
+            else:
+                return
+        if error is not None:
+            raise error
 
     def _on_term_start(
         self, schema: SchemaInfo, branches: Sequence[BranchSpec], tracker: TrackerClient

@@ -21,6 +21,10 @@ from .db import Database, QueryError, describe_error, open_database
 from .leadership import LOCK_KEY
 from .schema import check_schema
 
+#: The exit status when no session holds the maintenance lock (1 is "could
+#: not read the database", 2 a usage error).
+EXIT_NO_LEADER = 3
+
 #: Sessions holding (or, being awa_trio, polling for) the maintenance lock.
 LOCK_SESSIONS_SQL = """
     SELECT a.pid,
@@ -226,4 +230,5 @@ async def print_status(
     else:
         print(format_status(report))
     sys.stdout.flush()
-    return 0
+    # Scripts and probes can ask "does anything lead?" without parsing output.
+    return 0 if report["lock_holder"] else EXIT_NO_LEADER

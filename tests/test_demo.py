@@ -1,42 +1,124 @@
 """``python -m awa_trio demo``: a throwaway PostgreSQL, awa_trio leading, a
-real awa-pg workload; it says what maintenance did and cleans up."""
+real awa-pg workload; it says what maintenance did, only what the database
+shows, and cleans up, at the end or at Ctrl-C."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
 
-@pytest.mark.parametrize("engine", ["queue_storage"])
-async def test_the_demo_shows_promotion_rescue_and_cron_then_cleans_up(engine):
+def demo_directory() -> Path:
     # The demo's server lives in a temporary directory of our own, so that
     # another run on this machine cannot confuse the clean-up check. (Not
     # pytest's tmp_path: run as root, the server runs as nobody, who must be
     # able to reach it.)
-    tmp_path = Path(tempfile.mkdtemp(prefix="awa_trio_demo_test_"))
-    tmp_path.chmod(0o755)
+    path = Path(tempfile.mkdtemp(prefix="awa_trio_demo_test_"))
+    path.chmod(0o755)
+    return path
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next(line for line in (entry / "status").read_text().splitlines()
+                         if line.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if text in cmdline and "zombie" not in state:
+            found.append(cmdline)
+    return found
+
+
+@pytest.mark.parametrize("engine", ["queue_storage", "canonical"])
+async def test_the_demo_shows_promotion_rescue_and_cron_then_cleans_up(engine):
+    tmp_path = demo_directory()
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     result = await trio.to_thread.run_sync(lambda: subprocess.run(
-        [sys.executable, "-m", "awa_trio", "demo", "--engine", engine, "--duration", "20",
+        [sys.executable, "-m", "awa_trio", "demo", "--engine", engine, "--duration", "20s",
          "--metrics-addr", "127.0.0.1:0", "--log-level", "WARNING"],
         capture_output=True, text=True, timeout=240, env=env))
     out = result.stdout
     assert result.returncode == 0, out + result.stderr[-3000:]
     assert "awa_trio is the maintenance leader; endpoints: http://127.0.0.1:" in out
+    # The engine as awa.storage_status() has it, and the one asked for.
+    if engine == "queue_storage":
+        assert ("the database runs on queue storage, Awa 0.6's default engine (awa.storage_status(): "
+                "engine queue_storage, state active)") in out, out
+    else:
+        assert "the database runs on the canonical engine (awa.storage_status(): engine canonical" in out, out
+    assert "storage changed" not in out and "did not happen" not in out, out
     assert re.search(r"promotion: send_email job \d+ came due", out), out
-    assert re.search(r"rescue: slow_report job \d+'s worker stopped heartbeating", out), out
-    assert re.search(r"slow_report job \d+ completed on attempt 2", out), out
+    # Rescues: exactly the one the leader made (its WARNING line counts the
+    # jobs each sweep rescued), of the job whose worker was killed, told
+    # no earlier than the moment its row records.
+    rescues = re.findall(
+        r"^\[(\d\d:\d\d:\d\d)\] rescue: (\w+) job (\d+): its worker stopped heartbeating \(it was killed\); "
+        r"at (\d\d:\d\d:\d\d) the leader's heartbeat rescue took attempt 1 back", out, re.M)
+    rescued = sum(int(n) for n in re.findall(r"rescue_stale_heartbeats: rescued (\d+)", result.stderr))
+    assert len(rescues) == rescued == 1, out + result.stderr[-3000:]
+    [(told_at, kind, job_id, happened_at)] = rescues
+    assert kind == "slow_report" and told_at >= happened_at
+    assert re.search(rf"slow_report job {job_id} completed on attempt 2: nothing was lost", out), out
+    assert len(re.findall(r"\] rescue: ", out)) == 1, out
     fires = int(re.search(r"demo over: cron fired (\d+) times", out).group(1))
     assert fires >= 10, out
     assert "stopping PostgreSQL and removing its files" in out
+    leftovers = list(tmp_path.glob("awa_trio_pg_*"))
+    shutil.rmtree(tmp_path, ignore_errors=True)
+    assert leftovers == []
+
+
+async def test_ctrl_c_stops_the_demo_in_seconds_and_leaves_no_server_or_worker():
+    """Ctrl-C reaches the whole foreground process group (the demo and its
+    workers; the server has a session of its own): the demo says it is
+    stopping, exits 0 within seconds and no postgres or worker is left."""
+    tmp_path = demo_directory()
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "awa_trio", "demo", "--metrics-addr", "127.0.0.1:0", "--log-level", "WARNING"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+    out = ""
+    try:
+        deadline = time.monotonic() + 120
+        assert process.stdout is not None
+        while "starting a replacement worker" not in out:  # workers and server clients all up
+            assert time.monotonic() < deadline, out
+            line = await trio.to_thread.run_sync(process.stdout.readline)
+            assert line, out
+            out += line
+        url = re.search(r"into (postgresql://\S+) \.\.\.", out).group(1)
+        assert processes_mentioning(str(tmp_path)) and processes_mentioning(url)
+        interrupted = time.monotonic()
+        os.killpg(process.pid, signal.SIGINT)
+        rest, _ = await trio.to_thread.run_sync(lambda: process.communicate(timeout=30))
+        took = time.monotonic() - interrupted
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    out += rest
+    assert process.returncode == 0, out
+    assert took < 8, f"Ctrl-C took {took:.1f}s\n{out}"
+    assert "Ctrl-C: stopping the workers and the leader" in out
+    assert "stopping PostgreSQL and removing its files" in out
+    assert processes_mentioning(str(tmp_path)) == []  # postgres -D <tmp>/awa_trio_pg_*/data
+    assert processes_mentioning(url) == []  # the awa-pg workers
     leftovers = list(tmp_path.glob("awa_trio_pg_*"))
     shutil.rmtree(tmp_path, ignore_errors=True)
     assert leftovers == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,11 +49,14 @@ async def test_json_lines_carry_branch_and_term(database_url):
     assert code == 0, out
     records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert records and len(records) == len([line for line in out.splitlines() if line.strip()]), out[:2000]
-    assert {"time", "level", "logger", "message", "branch", "term"} <= set(records[0])
-    in_branches = {r["branch"] for r in records if r["branch"] and r["term"] == 1}
+    assert all({"time", "level", "logger", "message", "branch"} <= set(r) for r in records)
+    in_branches = {r["branch"] for r in records if r["branch"] and r.get("term") == 1}
     assert "cron_sync" in in_branches, [r for r in records if r["branch"]][:10]
     elected = [r for r in records if r["message"].startswith("elected maintenance leader")]
     assert elected and elected[0]["branch"] is None
+    # Outside a term there is no term: the key is left out, never null.
+    assert all(r["term"] is not None for r in records if "term" in r)
+    assert any("term" not in r for r in records), out[:2000]
 
 
 async def test_no_password_reaches_logs_errors_or_help(database_url):
@@ -222,3 +226,58 @@ def test_a_recovery_line_names_its_logger_once(caplog):
     connection_recovered(logger.name, logger)
     [recovered] = [r.getMessage() for r in caplog.records if "works again" in r.getMessage()]
     assert recovered.startswith("database connection works again after 1 failure in ")
+
+
+def following_lines(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records
+            if r.name == "awa_trio.leadership" and r.getMessage().startswith("following:")]
+
+
+async def test_a_follower_says_who_leads_once_and_again_when_the_leader_changes(database_url, caplog):
+    """A follower polls the lock four times a second: one line on becoming
+    a follower, one per new leader, naming the holder's backend pid and
+    application_name, not one per poll."""
+    from awa_trio import MaintenanceConfig, MaintenanceService, PeriodicJob
+
+    caplog.set_level(logging.DEBUG)
+    config = MaintenanceConfig(leader_election_interval=0.2, leader_check_interval=0.5,
+                               takeover_poll_interval=0.05)
+    first = MaintenanceService(
+        database_url, config, periodic_jobs=[PeriodicJob("tick", "* * * * * *", kind="tick")])
+    others = [MaintenanceService(database_url, config) for _ in range(2)]
+
+    async def wait_for(condition, what: str, seconds: float = 15) -> None:
+        with trio.fail_after(seconds):
+            while not condition():
+                await trio.sleep(0.02)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(first.run)
+        with trio.fail_after(10):
+            await first.wait_until_leader()
+        leader_pid = first.lock_backend_pid
+        for service in others:
+            await nursery.start(service.run)
+        await wait_for(lambda: len(following_lines(caplog)) >= 2, "both followers name the leader")
+        await trio.sleep(1.0)  # 20 polls each: still one line per follower
+        lines = [r.getMessage() for r in following_lines(caplog)]
+        assert len(lines) == 2, lines
+        assert all(re.match(
+            rf"following: the maintenance lock is held by backend pid {leader_pid} "
+            r"\(application_name 'awa_trio \S+:\d+ lock', from (127\.0\.0\.1|::1|a local socket)", line)
+            for line in lines), lines
+        assert all(r.levelno == logging.INFO for r in following_lines(caplog))
+
+        first.stop()
+        await wait_for(lambda: any(s.is_leader for s in others), "a follower takes over")
+        [new_leader] = [s for s in others if s.is_leader]
+        await wait_for(lambda: len(following_lines(caplog)) >= 3, "the other follower names the new leader")
+        await trio.sleep(0.5)
+        lines = [r.getMessage() for r in following_lines(caplog)]
+        assert len(lines) == 3, lines
+        assert f"held by backend pid {new_leader.lock_backend_pid} " in lines[2]
+        nursery.cancel_scope.cancel()
+
+    # The cron schedule fired every second; each fire is a DEBUG line, not INFO.
+    fires = [r for r in caplog.records if "enqueued periodic job 'tick'" in r.getMessage()]
+    assert fires and all(r.levelno == logging.DEBUG for r in fires)

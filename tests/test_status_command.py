@@ -98,3 +98,23 @@ async def test_status_on_queue_storage_led_by_an_awa_pg_runtime(qs_database_url,
     [runtime] = [r for r in report["awa_runtimes"] if r["leader"]]
     assert runtime["storage_capability"] == "queue_storage"
     assert report["due_not_promoted"]["scheduled"]["jobs"] == 2
+
+
+async def test_status_exits_3_when_no_node_leads_and_0_once_one_does(database_url):
+    """A probe can ask "does anything lead?" by the exit status alone."""
+    table = await run_status(database_url)
+    assert table.returncode == 3, table.stderr
+    assert "maintenance leader: none (no session holds the lock)" in table.stdout
+    as_json = await run_status(database_url, "--json")
+    assert as_json.returncode == 3, as_json.stderr
+    assert json.loads(as_json.stdout)["lock_holder"] is None
+    service = MaintenanceService(database_url, FAST)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        with trio.fail_after(10):
+            await service.wait_until_leader()
+        led = await run_status(database_url)
+        assert led.returncode == 0, led.stderr
+        nursery.cancel_scope.cancel()
+    unreachable = await run_status("postgresql://postgres@127.0.0.1:1/awa")
+    assert unreachable.returncode == 1

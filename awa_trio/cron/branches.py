@@ -236,7 +236,9 @@ async def _enqueue_in_order(
             return
         previous = fire
         result.enqueued.append((row.name, job_id, fire))
-        log.info(
+        # DEBUG: a schedule of every second would otherwise log 86,400 INFO
+        # lines a day; the jobs themselves, the metrics and status show fires.
+        log.debug(
             "%s: enqueued periodic job %r as job %d for fire time %s",
             CRON_EVAL,
             row.name,
