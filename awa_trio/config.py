@@ -234,6 +234,12 @@ class MaintenanceConfig:
     leader_check_interval: float = setting(
         DEFAULT_LEADER_CHECK_INTERVAL, INTERVAL, "How often the leader verifies it still holds the lock."
     )
+    resign_hold_off: float = setting(
+        30.0,
+        INTERVAL,
+        "After resign() hands the lock over, how long this node stays a follower before it "
+        "competes for the lock again (deploys: the new leader is elsewhere).",
+    )
 
     # Rescue and promotion.
     promote_interval: float = setting(

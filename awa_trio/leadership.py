@@ -193,6 +193,8 @@ class TermOutcome(enum.Enum):
     #: The term found no schema it can maintain (dropped, or migrated past
     #: what awa_trio supports): wait for one before standing again.
     STEPPED_DOWN = "stepped_down"
+    #: resign() handed the lock over: stay out for resign_hold_off.
+    RESIGNED = "resigned"
 
 
 class LeadershipState:
@@ -278,6 +280,22 @@ class LeaderElector:
         self._listening_on: Connection | None = None
         #: The lock holder this follower last said leads: (pid, application_name).
         self._leader_seen: tuple[int, str | None] | None = None
+        #: Set by resign() while leading; the term ends and the lock is released.
+        self._resign_requested = trio.Event()
+
+    def resign(self) -> bool:
+        """Hand the lock over now (graceful release: unlock + NOTIFY) and stay a
+        follower for resign_hold_off; False if this node is not leading."""
+        if not self._state.is_leader:
+            return False
+        self._resign_requested.set()
+        return True
+
+    async def _watch_resign(self, resigned: list[bool], scope: trio.CancelScope) -> None:
+        await self._resign_requested.wait()
+        resigned.append(True)
+        log.info("resigning maintenance leadership; staying a follower for %gs", self._config.resign_hold_off)
+        scope.cancel(reason="leader resigned")
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -303,6 +321,8 @@ class LeaderElector:
                     await backoff.sleep()
                 elif outcome is TermOutcome.STEPPED_DOWN:
                     await self._wait_for_a_supported_schema()
+                elif outcome is TermOutcome.RESIGNED:
+                    await trio.sleep(self._config.resign_hold_off)
         finally:
             if candidate is not None:
                 await candidate.close()
@@ -405,6 +425,8 @@ class LeaderElector:
         lost = trio.Event()
         lock.on_termination(lost.set)
         outcome = TermOutcome.LOST
+        resigned: list[bool] = []
+        self._resign_requested = trio.Event()
         self._state.lock_backend_pid = lock.backend_pid
         self.lock_connection = lock
         self._state.set_leader(True)
@@ -413,6 +435,7 @@ class LeaderElector:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_lock, lock, lost, nursery.cancel_scope)
+                nursery.start_soon(self._watch_resign, resigned, nursery.cancel_scope)
                 await nursery.start(self._lead)
         except BaseExceptionGroup as group:
             abandoned, rest = group.split(LeadershipAbandoned)
@@ -447,6 +470,8 @@ class LeaderElector:
             self._state.lock_backend_pid = None
             self.lock_connection = None
             await self._release(lock)
+        if resigned:
+            return TermOutcome.RESIGNED
         return outcome
 
     async def _watch_lock(self, lock: Connection, lost: trio.Event, leader_scope: trio.CancelScope) -> None:

@@ -175,6 +175,11 @@ class MaintenanceService:
             "hook_queue_depth": self.hooks.queue_depth() if self.hooks is not None else None,
         }
 
+    def resign(self) -> bool:
+        """Hand leadership over to a follower at once (for deploys) and stay a
+        follower for config.resign_hold_off; False if not leading."""
+        return self._elector is not None and self._elector.resign()
+
     def stop(self) -> None:
         """Ask run() to return: branches are cancelled, the lock released."""
         if self._scope is not None:
