@@ -271,6 +271,9 @@ class CancelDuringStatement:
     async def fetchrow(self, *args):
         return await self._call("fetchrow", *args)
 
+    async def fetchone(self, *args):
+        return await self._call("fetchone", *args)
+
     async def execute(self, *args):
         return await self._call("execute", *args)
 
