@@ -125,10 +125,14 @@ async def test_callback_timeouts_retry_fail_or_dead_letter(
     ) as worker:
         for job_id in ids:
             await worker.wait_for_line(f"WAITING {job_id} 1 ")
-        # Waiting for a callback, each attempt is a materialised lease.
-        assert await qs_db.fetchval(
-            "SELECT count(*) FROM awa.leases WHERE state = 'waiting_external' "
-            "AND job_id = ANY($1::bigint[])", list(ids)) == 3
+        # Waiting for a callback, each attempt is a materialised lease (the
+        # worker prints WAITING just before its handler returns, so the last
+        # lease may commit a moment after the line).
+        with trio.fail_after(10):
+            while await qs_db.fetchval(
+                "SELECT count(*) FROM awa.leases WHERE state = 'waiting_external' "
+                "AND job_id = ANY($1::bigint[])", list(ids)) != 3:
+                await trio.sleep(0.05)
         rescued: dict[int, str] = {}
         with trio.fail_after(30):
             while set(rescued) != ids:
