@@ -89,7 +89,7 @@ async def backends(conn) -> int:
 FOLLOWER_POLL = {"awa_trio": 0.25, "awa-pg": 10.0}
 ELECTION_BACKENDS_SQL = """
     SELECT count(*) FROM pg_stat_activity
-    WHERE datname = current_database() AND application_name = 'awa_trio leader lock'
+    WHERE datname = current_database() AND application_name LIKE 'awa_trio % lock'
 """
 
 
