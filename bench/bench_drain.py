@@ -182,7 +182,7 @@ def run_rates(dsn_rows: list[tuple[str, int]], batch_sizes: list[int]) -> list[l
 
     async def one(dsn: str, rows: int, batch_size: int) -> None:
         async with open_database(dsn) as db:
-            timed = TimedDatabase(db, "fetchrow")
+            timed = TimedDatabase(db, "fetchone")
             config = MaintenanceConfig(cleanup_batch_size=batch_size, drain_time_budget="1h",
                                        cleanup_interval="2h")
             ctx = MaintenanceContext(db=timed, config=config, metrics=MaintenanceMetrics(None),
