@@ -26,9 +26,9 @@ import os
 import random
 import statistics
 import sys
-import uuid
 from pathlib import Path
 
+import _common
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,39 +59,17 @@ KIND = "flap_job"
 QUEUE = "flap"
 
 
-async def create_database(server: str) -> str:
-    import awa
-
-    name = f"awa_trio_chaos_{uuid.uuid4().hex[:8]}"
-    async with open_database(f"{server}/postgres", pool_size=1) as admin:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    await trio.to_thread.run_sync(lambda: awa.Client(f"{server}/{name}").migrate())
-    gc.collect()
-    return f"{server}/{name}"
-
-
-async def drop_database(server: str, dsn: str) -> None:
-    name = dsn.rsplit("/", 1)[1]
-    async with open_database(f"{server}/postgres", pool_size=1) as admin:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def quantile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
-
-
 def seconds_row(label: str, values: list[float]) -> str:
     if not values:
         return f"| {label} | 0 | | | |"
-    return (f"| {label} | {len(values)} | {statistics.median(values):.3f} s | {quantile(values, 0.95):.3f} s "
+    return (f"| {label} | {len(values)} | {statistics.median(values):.3f} s | {_common.nearest_rank(values, 0.95):.3f} s "
             f"| {max(values):.3f} s |")
 
 
 async def run(server: str, seconds: float, period: tuple[float, float], seed: int) -> None:
     import awa
 
-    dsn = await create_database(server)
+    dsn = await _common.in_trio(_common.create_database, server, _common.scratch_name("awa_trio_chaos"))
     client = awa.Client(dsn)
     members = [awa_trio_candidate(f"awa_trio {n}", dsn, "--log-level", "WARNING") for n in (1, 2, 3)]
     members.append(awa_pg_candidate("awa-pg", dsn))
@@ -125,7 +103,7 @@ async def run(server: str, seconds: float, period: tuple[float, float], seed: in
     finally:
         del client
         gc.collect()
-        await drop_database(server, dsn)
+        await _common.in_trio(_common.drop_database, server, dsn)
 
     runs = done_counts([consumer])
     leaderless = timeline.leaderless_episodes(since=began)
@@ -172,8 +150,7 @@ async def run(server: str, seconds: float, period: tuple[float, float], seed: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server", default=os.environ.get("AWA_TRIO_TEST_SERVER",
-                                                           "postgresql://postgres@localhost:5432"))
+    parser.add_argument("--server", default=_common.env_server())
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--period", type=float, nargs=2, default=(2.0, 4.0), metavar=("MIN", "MAX"))
     parser.add_argument("--seed", type=int, default=9)

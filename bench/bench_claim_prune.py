@@ -24,12 +24,9 @@ import argparse
 import asyncio
 import dataclasses
 import statistics
-import subprocess
-import sys
 import time
-import uuid
 
-import asyncpg
+import _common
 import trio
 
 from awa_trio.db import open_database
@@ -94,32 +91,6 @@ RESET_RING_SQL = """
     UPDATE awa.claim_ring_slots SET generation = CASE WHEN slot = 0 THEN 0 ELSE -1 END;
 """
 
-MAKE_QUEUE_STORAGE = """
-import asyncio, sys, awa
-async def main(dsn):
-    client = awa.AsyncClient(dsn)
-    await client.migrate()
-    @client.task(dict, kind='noop', queue='default')
-    async def noop(job): pass
-    await client.start([{'name': 'default', 'max_workers': 1}],
-                       storage_transition_role='auto', leader_election_interval_ms=600000)
-    await asyncio.sleep(1)  # an auto runtime finalises a fresh install as it starts
-    await client.shutdown(timeout_ms=1000)
-asyncio.run(main(sys.argv[1]))
-"""
-
-
-def admin(server: str, sql: str) -> None:
-    async def run() -> None:
-        conn = await asyncpg.connect(f"{server}/postgres")
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run())
-
-
 async def timed(call) -> float:
     started = time.perf_counter()
     await call()
@@ -179,16 +150,14 @@ async def measure(dsn: str) -> list[tuple]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--server", default="postgresql://postgres@localhost:5432")
+    parser.add_argument("--server", default=_common.SERVER)
     args = parser.parse_args()
-    name = f"awa_trio_bench_claims_{uuid.uuid4().hex[:8]}"
-    admin(args.server, f'CREATE DATABASE "{name}"')
-    dsn = f"{args.server}/{name}"
+    name = _common.scratch_name("awa_trio_bench_claims")
     try:
-        subprocess.run([sys.executable, "-c", MAKE_QUEUE_STORAGE, dsn], timeout=180, check=False)
+        dsn = asyncio.run(_common.create_database(args.server, name, queue_storage=True))
         rows, idle = trio.run(measure, dsn)
     finally:
-        admin(args.server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        asyncio.run(_common.drop_database(args.server, name))
     print(f"claim prune of one sealed slot, median of {REPEATS} (ms)")
     print(f"{'closed claims':>14} {'upstream proof':>15} {'awa_trio proof':>15} {'ratio':>6} {'whole prune':>12}")
     for size, upstream, ours, prune in rows:

@@ -37,50 +37,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
-import os
 import signal
 import statistics
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
+import _common
 import asyncpg
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# One awa-pg 0.6.1 runtime: a worker (complete or hang) and, when it wins
-# the lock, upstream's maintenance leader. argv: dsn mode max_workers
-# completed_retention_hours heartbeat_staleness_ms queue
-AWA_PG_RUNTIME = r"""
-import asyncio, signal, sys, awa
-dsn, mode, workers, retention_h, staleness_ms, queue = sys.argv[1:7]
-async def main():
-    client = awa.AsyncClient(dsn)
-    @client.task(dict, kind="bench_work", queue=queue)
-    async def work(job):
-        if mode == "hang":
-            await asyncio.Event().wait()
-    await client.start([(queue, int(workers))], storage_transition_role="canonical_drain",
-                       leader_election_interval_ms=500, poll_interval_ms=50,
-                       completed_retention_hours=float(retention_h),
-                       heartbeat_staleness_ms=int(staleness_ms))
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    print("READY", flush=True)
-    await stop.wait()
-    await client.shutdown(timeout_ms=2000)
-asyncio.run(main())
-"""
-
-LOCK_HOLDER_SQL = """
-    SELECT pid FROM pg_locks
-    WHERE locktype = 'advisory' AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND (classid::bigint << 32 | objid::bigint) = 4708303813012965710
-"""
+LOCK_HOLDER_SQL = _common.lock_holders_sql("pid")
 
 FILL_EXPIRED_SQL = """
     INSERT INTO awa.jobs_hot (kind, queue, args, state, attempt, priority, run_at, attempted_at,
@@ -104,38 +73,21 @@ class Databases:
 
     def __init__(self, server: str):
         self.server = server
-        self.template = f"awa_trio_bench_tpl_{os.getpid()}"
+        self.template = ""
         self.created: list[str] = []
 
-    async def admin(self, sql: str) -> None:
-        conn = await asyncpg.connect(f"{self.server}/postgres")
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
     async def make_template(self) -> None:
-        import awa
-
-        await self.admin(f'DROP DATABASE IF EXISTS "{self.template}"')
-        await self.admin(f'CREATE DATABASE "{self.template}"')
-        client = awa.Client(f"{self.server}/{self.template}")
-        client.migrate()
-        del client
-        gc.collect()
-        await self.admin(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            f"WHERE datname = '{self.template}' AND pid <> pg_backend_pid()")
+        self.template = await _common.make_template(self.server, "awa_trio_bench")
 
     async def fresh(self) -> str:
-        name = f"awa_trio_bench_{uuid.uuid4().hex[:8]}"
-        await self.admin(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
-        self.created.append(name)
-        return f"{self.server}/{name}"
+        dsn = await _common.copy_database(self.server, self.template, "awa_trio_bench")
+        self.created.append(dsn)
+        return dsn
 
     async def drop_all(self) -> None:
         for name in [*self.created, self.template]:
-            await self.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            if name:
+                await _common.drop_database(self.server, name)
 
 
 async def fill_expired(dsn: str, rows: int) -> None:
@@ -152,40 +104,24 @@ async def fill_expired(dsn: str, rows: int) -> None:
 
 
 def start_awa_trio(dsn: str, *flags: str) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "awa_trio", "--database-url", dsn,
-            "--leader-election-interval", "500ms", "--log-level", "WARNING", *flags]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    argv = _common.awa_trio_argv(dsn, "--leader-election-interval", "500ms", "--log-level", "WARNING", *flags)
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_common.repo_env())
 
 
 def start_awa_pg(dsn: str, *, mode: str = "complete", workers: int = 1,
                  retention_hours: float = 24.0, staleness_ms: int = 90_000,
                  queue: str = "bench") -> subprocess.Popen:
-    argv = [sys.executable, "-c", AWA_PG_RUNTIME, dsn, mode, str(workers),
-            str(retention_hours), str(staleness_ms), queue]
+    """An awa-pg 0.6.1 runtime: a worker (complete or hang) and, when it
+    wins the lock, upstream's maintenance leader."""
+    argv = _common.awa_pg_runtime(
+        dsn, kind="bench_work", queue=queue, workers=workers, mode=mode, role="canonical_drain",
+        leader_election_interval_ms=500, poll_interval_ms=50,
+        completed_retention_hours=float(retention_hours), heartbeat_staleness_ms=staleness_ms)
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def stop(process: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.send_signal(sig)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-async def wait_for(conn, sql: str, predicate, timeout: float, poll: float = 0.05):
-    deadline = time.perf_counter() + timeout
-    while True:
-        value = await conn.fetchval(sql)
-        if predicate(value):
-            return value
-        if time.perf_counter() > deadline:
-            raise TimeoutError(f"{sql} never satisfied the wait (last value {value!r})")
-        await asyncio.sleep(poll)
+async def wait_for(conn, sql: str, predicate, timeout: float, poll: float = 0.05) -> float:
+    return await _common.wait_until(conn, sql, until=predicate, timeout=timeout, every=poll)
 
 
 async def wait_for_leader(conn, process: subprocess.Popen, timeout: float = 30) -> None:
@@ -246,7 +182,7 @@ def run_rates(dsn_rows: list[tuple[str, int]], batch_sizes: list[int]) -> list[l
 
     async def one(dsn: str, rows: int, batch_size: int) -> None:
         async with open_database(dsn) as db:
-            timed = TimedDatabase(db, "fetchrow")
+            timed = TimedDatabase(db, "fetchone")
             config = MaintenanceConfig(cleanup_batch_size=batch_size, drain_time_budget="1h",
                                        cleanup_interval="2h")
             ctx = MaintenanceContext(db=timed, config=config, metrics=MaintenanceMetrics(None),
@@ -356,7 +292,7 @@ async def scenario_cleanup(dbs: Databases, args) -> None:
         await wait_for(conn, EXPIRED_COUNT_SQL, lambda n: n == 0, timeout=3600, poll=0.1)
         drained = time.perf_counter()
     finally:
-        stop(leader)
+        _common.stop(leader)
         await conn.close()
     seconds = drained - first_delete
     results.append(["awa_trio " + " ".join(args.awa_trio_flags or ["(defaults)"]),
@@ -373,7 +309,7 @@ async def scenario_cleanup(dbs: Databases, args) -> None:
             await asyncio.sleep(args.upstream_window)
             left = await conn.fetchval(EXPIRED_COUNT_SQL)
         finally:
-            stop(leader)
+            _common.stop(leader)
             await conn.close()
         deleted = args.rows - left
         results.append(["awa-pg 0.6.1 (defaults)", f"{deleted:,} of {args.rows:,}",
@@ -431,7 +367,7 @@ async def steady_run(dbs: Databases, args, leader_kind: str) -> list[tuple[float
         await feeding
     finally:
         for process in processes:
-            stop(process)
+            _common.stop(process)
         await conn.close()
     return samples
 
@@ -494,8 +430,8 @@ async def rescue_run(dbs: Databases, args, leader_kind: str) -> float:
         await wait_for(conn, running_sql, lambda n: n == 0, timeout=args.timeout, poll=0.2)
         done = await conn.fetchval("SELECT clock_timestamp()")
     finally:
-        stop(worker, signal.SIGKILL)
-        stop(leader)
+        _common.stop(worker, signal.SIGKILL)
+        _common.stop(leader)
         await conn.close()
     return (done - expiry).total_seconds()
 
@@ -546,7 +482,7 @@ async def impact_run(dbs: Databases, args, backlog: int) -> list[float]:
                 " AS latency FROM awa.jobs_hot WHERE kind = 'bench_due'")
         ]
     finally:
-        stop(leader)
+        _common.stop(leader)
         await conn.close()
     if backlog:
         print(f"(drain: {backlog - left:,} of {backlog:,} rows deleted by the end of the window)")

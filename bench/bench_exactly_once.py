@@ -31,20 +31,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import os
 import random
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
+import _common
 import asyncpg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_qs_sustained import admin, drain_output, make_queue_storage_database, start_process, stop, wait_for
 from support.ledger import (
     CREATE_LEDGER_SQL,
     LIVE_STATES,
@@ -57,7 +55,9 @@ from support.ledger import (
 )
 from support.qs_load import RingSamples
 
-from awa_trio.leadership import LOCK_KEY
+# Importing awa_trio imports trio_asyncio, which replaces asyncio's event loop
+# policy: this bench's figures in bench/README.md were measured with it in place.
+import awa_trio  # noqa: F401
 
 QUEUES = ["soak_a", "soak_b", "soak_c"]
 TICK = 0.2
@@ -79,13 +79,6 @@ TERMINAL_HISTORY_SQL = {
     "canonical": "SELECT count(*) FROM awa.jobs_hot WHERE state IN ('completed', 'failed', 'cancelled')",
 }
 QUEUE_GENERATION_SQL = "SELECT generation AS queue, 0 AS lease, 0 AS claim, 0 AS done_rows FROM awa.queue_ring_state"
-LOCK_HOLDER_SQL = """
-    SELECT count(*) FROM pg_locks
-    WHERE locktype = 'advisory' AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND (classid::bigint << 32 | objid::bigint) = $1 AND objsubid = 1
-"""
-
 
 def as_role(dsn: str, role: str) -> str:
     """The DSN with an application_name that tells the role's backends apart."""
@@ -101,18 +94,6 @@ def role_of(application_name: str) -> str:
     return "other"
 
 
-async def make_database(server: str, engine: str) -> tuple[str, str]:
-    if engine == "queue_storage":
-        return await make_queue_storage_database(server)
-    import awa
-
-    name = f"awa_trio_bench_eo_{uuid.uuid4().hex[:8]}"
-    await admin(server, f'CREATE DATABASE "{name}"')
-    dsn = f"{server}/{name}"
-    await awa.AsyncClient(dsn).migrate()
-    return name, dsn
-
-
 async def start_leader(kind: str, dsn: str, role: str, short: bool) -> asyncio.subprocess.Process:
     if kind == "awa-pg":
         options = {}
@@ -124,20 +105,20 @@ async def start_leader(kind: str, dsn: str, role: str, short: bool) -> asyncio.s
                 "promote_interval_ms": SHORT_INTERVALS_MS["promote"],
                 "terminal_count_rollup_interval_ms": SHORT_INTERVALS_MS["rollup"],
             }
-        leader = await start_process(*worker_command(
+        leader = await _common.start_process(*worker_command(
             as_role(dsn, "leader"), ["bench_leader_idle"], role=role, lead=True, workers=1,
             start_options=options))
-        await wait_for(leader, "READY")
+        await _common.wait_for_output(leader, "READY")
         conn = await asyncpg.connect(dsn)
         try:
             for _ in range(300):
-                if await conn.fetchval(LOCK_HOLDER_SQL, LOCK_KEY):
+                if await conn.fetchval(_common.LOCK_HELD_SQL):
                     break
                 await asyncio.sleep(0.1)
         finally:
             await conn.close()
     else:
-        argv = [sys.executable, "-m", "awa_trio", "--database-url", dsn, "--failed-retention", "1h"]
+        argv = _common.awa_trio_argv(dsn, "--failed-retention", "1h")
         if short:
             argv += [
                 "--queue-rotate-interval", f"{SHORT_INTERVALS_MS['queue']}ms",
@@ -146,8 +127,8 @@ async def start_leader(kind: str, dsn: str, role: str, short: bool) -> asyncio.s
                 "--promote-interval", f"{SHORT_INTERVALS_MS['promote']}ms",
                 "--terminal-count-rollup-interval", f"{SHORT_INTERVALS_MS['rollup']}ms",
             ]
-        leader = await start_process(*argv)
-        await wait_for(leader, "elected maintenance leader")
+        leader = await _common.start_process(*argv)
+        await _common.wait_for_output(leader, "elected maintenance leader")
     return leader
 
 
@@ -259,10 +240,9 @@ class Sampler:
 def process_cpu_seconds(pid: int) -> float | None:
     """User plus system CPU time of a local process, or None once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return _common.cpu_seconds(pid)
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def settle(dsn: str, expected: int, timeout: float) -> None:
@@ -282,7 +262,8 @@ async def settle(dsn: str, expected: int, timeout: float) -> None:
 
 
 async def run_one(kind: str, args) -> dict:
-    name, dsn = await make_database(args.server, args.engine)
+    dsn = await _common.create_database(args.server, _common.scratch_name("awa_trio_bench_eo"),
+                                        queue_storage=args.engine == "queue_storage")
     role = "auto" if args.engine == "queue_storage" else "canonical_drain"
     processes, drains = [], []
     try:
@@ -293,11 +274,11 @@ async def run_one(kind: str, args) -> dict:
             await conn.close()
         leader = await start_leader(kind, dsn, role, args.short_intervals)
         processes.append(leader)
-        drains.append(asyncio.ensure_future(drain_output(leader)))
-        worker = await start_process(*worker_command(as_role(dsn, "worker"), QUEUES, role=role))
+        drains.append(asyncio.ensure_future(_common.drain_output(leader)))
+        worker = await _common.start_process(*worker_command(as_role(dsn, "worker"), QUEUES, role=role))
         processes.append(worker)
-        await wait_for(worker, "READY")
-        drains.append(asyncio.ensure_future(drain_output(worker)))
+        await _common.wait_for_output(worker, "READY")
+        drains.append(asyncio.ensure_future(_common.drain_output(worker)))
 
         producer = Producer(dsn, args.rate)
         sampler = Sampler(args.engine)
@@ -318,8 +299,8 @@ async def run_one(kind: str, args) -> dict:
                 "leader_cpu": leader_cpu}
     finally:
         for process in processes:
-            await stop(process)
-        await admin(args.server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await _common.stop_process(process)
+        await _common.drop_database(args.server, dsn)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -375,8 +356,7 @@ async def main() -> None:
     parser.add_argument("--engine", choices=("queue_storage", "canonical"), default="queue_storage")
     parser.add_argument("--short-intervals", action="store_true",
                         help="queue/lease/claim rotation 200/100/200 ms, promotion 100 ms, rollup 500 ms")
-    parser.add_argument("--server", default=os.environ.get(
-        "AWA_TRIO_TEST_SERVER", "postgresql://postgres@localhost:5432"))
+    parser.add_argument("--server", default=_common.env_server())
     parser.add_argument("--leaders", default="awa-pg,awa_trio")
     parser.add_argument("--rounds", type=int, default=1,
                         help="repeat, reversing the leaders' order every other round; medians of the rates")

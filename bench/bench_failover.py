@@ -43,61 +43,24 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 
+import _common
 import asyncpg
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOCK_KEY = 4708303813012965710
-
-AWA_PG_RUNTIME = r"""
-import asyncio, signal, sys, awa
-async def main():
-    client = awa.AsyncClient(sys.argv[1])
-    @client.task(dict, kind="bench_idle", queue="bench_idle")
-    async def idle(job):
-        pass
-    await client.start([("bench_idle", 1)], storage_transition_role="canonical_drain")
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
-    await client.shutdown(timeout_ms=2000)
-asyncio.run(main())
-"""
-
-LOCK_HOLDERS_SQL = """
-    SELECT coalesce(array_agg(pid ORDER BY pid), '{}') FROM pg_locks
-    WHERE locktype = 'advisory' AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND (classid::bigint << 32 | objid::bigint) = 4708303813012965710 AND objsubid = 1
-"""
+REPO_ROOT = str(_common.ROOT)
+LOCK_HOLDERS_SQL = _common.lock_holders_sql("coalesce(array_agg(pid ORDER BY pid), '{}')")
 
 
 def start_process(kind: str, dsn: str, *flags: str) -> subprocess.Popen:
     if kind == "awa_trio":
-        argv = [sys.executable, "-m", "awa_trio", "--database-url", dsn, "--log-level", "WARNING",
-                *flags]
-    else:
-        argv = [sys.executable, "-c", AWA_PG_RUNTIME, dsn]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a live process, from /proc."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        argv = _common.awa_trio_argv(dsn, "--log-level", "WARNING", *flags)
+    else:  # a whole runtime (one idle queue), on default settings
+        argv = _common.awa_pg_runtime(dsn, role="canonical_drain")
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_common.repo_env())
 
 
 def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.kill()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        pass
+    _common.stop(process, signal.SIGKILL)
 
 
 async def holders(conn) -> list[int]:
@@ -126,7 +89,7 @@ async def backends(conn) -> int:
 FOLLOWER_POLL = {"awa_trio": 0.25, "awa-pg": 10.0}
 ELECTION_BACKENDS_SQL = """
     SELECT count(*) FROM pg_stat_activity
-    WHERE datname = current_database() AND application_name = 'awa_trio leader lock'
+    WHERE datname = current_database() AND application_name LIKE 'awa_trio % lock'
 """
 
 
@@ -224,9 +187,9 @@ async def follower_cpu(pairs: list[tuple[str, str, tuple[str, ...]]], seconds: f
             await conn.close()
             started.append((leader, start_process(kind, dsn, *flags)))
         await asyncio.sleep(5.0)  # start-up is not following
-        before = [cpu_seconds(follower.pid) for _, follower in started]
+        before = [_common.cpu_seconds(follower.pid) for _, follower in started]
         await asyncio.sleep(seconds)
-        return [(cpu_seconds(follower.pid) - b) / seconds for (_, follower), b in zip(started, before, strict=True)]
+        return [(_common.cpu_seconds(follower.pid) - b) / seconds for (_, follower), b in zip(started, before, strict=True)]
     finally:
         for leader, follower in started:
             stop(follower)
@@ -337,7 +300,7 @@ async def designs(server: str, template: str, cpu_seconds_each: float) -> None:
                   f"{r['pinned'] * 100:>14.0f}%{r['oldest']:>8.2f}s{r['lock_waits'] * 100:>10.0f}%"
                   f"{r['errors']:>15.1f}")
     finally:
-        await drop_database(server, dsn)
+        await _common.drop_database(server, dsn)
     intervals = ("100ms", "250ms", "1s")
     dsns = [await create_database(server, template) for _ in intervals]
     try:
@@ -349,40 +312,15 @@ async def designs(server: str, template: str, cpu_seconds_each: float) -> None:
             print(f"  {interval:>6}: {share * 100:.2f} % of a core")
     finally:
         for dsn in dsns:
-            await drop_database(server, dsn)
+            await _common.drop_database(server, dsn)
     print()
 
 
 # -- databases ---------------------------------------------------------------
 
-async def make_template(server: str) -> str:
-    import awa
-
-    name = f"awa_trio_failover_tpl_{os.getpid()}"
-    admin = await asyncpg.connect(f"{server}/postgres")
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await awa.AsyncClient(f"{server}/{name}").migrate()
-    await admin.execute(
-        f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' "
-        "AND pid <> pg_backend_pid()")
-    await admin.close()
-    return name
-
 
 async def create_database(server: str, template: str) -> str:
-    name = f"awa_trio_failover_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(f"{server}/postgres")
-    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    await admin.close()
-    return f"{server}/{name}"
-
-
-async def drop_database(server: str, dsn_or_name: str) -> None:
-    name = dsn_or_name.rsplit("/", 1)[-1]
-    admin = await asyncpg.connect(f"{server}/postgres")
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
+    return await _common.copy_database(server, template, "awa_trio_failover")
 
 
 DUE_JOB_SQL = (
@@ -439,14 +377,9 @@ async def print_ha(runs: int) -> None:
           f"(max {max(ha['job']):.3f}s)")
 
 
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server", default="postgresql://postgres@localhost:5432")
+    parser.add_argument("--server", default=_common.SERVER)
     parser.add_argument("--runs", type=int, default=20, help="SIGKILL runs per leader")
     parser.add_argument("--graceful-runs", type=int, default=5)
     parser.add_argument("--mixed-runs", type=int, default=10,
@@ -464,7 +397,7 @@ async def main() -> None:
     if args.ha_only:
         await print_ha(max(1, args.ha_runs))
         return
-    template = await make_template(args.server)
+    template = await _common.make_template(args.server, "awa_trio_failover")
     try:
         if args.designs:
             await designs(args.server, template, min(args.cpu_seconds, 30.0))
@@ -475,27 +408,27 @@ async def main() -> None:
             try:
                 results[kind] = await failover_runs(kind, dsn, args.runs, args.graceful_runs)
             finally:
-                await drop_database(args.server, dsn)
+                await _common.drop_database(args.server, dsn)
         dsn = await create_database(args.server, template)
         try:
             mixed = await mixed_runs(dsn, args.mixed_runs)
         finally:
-            await drop_database(args.server, dsn)
+            await _common.drop_database(args.server, dsn)
         dsns = {kind: await create_database(args.server, template) for kind in kinds}
         try:
             shares = await follower_cpu([(kind, dsn, ()) for kind, dsn in dsns.items()], args.cpu_seconds)
         finally:
             for dsn in dsns.values():
-                await drop_database(args.server, dsn)
+                await _common.drop_database(args.server, dsn)
     finally:
-        await drop_database(args.server, template)
+        await _common.drop_database(args.server, template)
 
     cpu = dict(zip(kinds, shares, strict=True))
     if args.skip_upstream:
         results["awa-pg"], cpu["awa-pg"] = {"sigkill": [float("nan")], "graceful": [float("nan")]}, float("nan")
     rows = [
         (f"SIGKILL takeover p50 ({args.runs} runs)", "sigkill", statistics.median, "s"),
-        ("SIGKILL takeover p95", "sigkill", lambda v: percentile(v, 0.95), "s"),
+        ("SIGKILL takeover p95", "sigkill", lambda v: _common.nearest_rank(v, 0.95), "s"),
         ("SIGKILL takeover max", "sigkill", max, "s"),
         (f"graceful handover p50 ({args.graceful_runs} runs)", "graceful", statistics.median, "s"),
         ("graceful handover max", "graceful", max, "s"),
@@ -515,7 +448,7 @@ async def main() -> None:
     if args.ha_runs:
         await print_ha(args.ha_runs)
     print(f"\nmixed fleet: awa-pg leader SIGKILLed, awa_trio follower takes over ({args.mixed_runs} runs): "
-          f"p50 {statistics.median(mixed):.3f}s, p95 {percentile(mixed, 0.95):.3f}s, max {max(mixed):.3f}s")
+          f"p50 {statistics.median(mixed):.3f}s, p95 {_common.nearest_rank(mixed, 0.95):.3f}s, max {max(mixed):.3f}s")
 
 
 if __name__ == "__main__":

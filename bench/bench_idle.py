@@ -27,47 +27,21 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
+import _common
 import asyncpg
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from bench_leader import process_cost
-from bench_qs_sustained import admin, make_queue_storage_database
 
 ENGINES = ("canonical", "queue_storage")
 LEADERS = ("awa-pg", "awa_trio", "asyncio floor", "trio floor")
 STARTUP_SECONDS = 5.0
 
-# canonical_drain keeps a canonical install canonical; auto is the default
-# role, which on queue storage is what every Awa 0.6 runtime runs.
-AWA_PG_IDLE_LEADER = r"""
-import asyncio, signal, sys, awa
-async def main():
-    client = awa.AsyncClient(sys.argv[1])
-    @client.task(dict, kind="bench_idle", queue="bench_idle")
-    async def idle(job):
-        pass
-    await client.start([{"name": "bench_idle", "max_workers": 1}], storage_transition_role=sys.argv[2],
-                       leader_election_interval_ms=100)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
-    await client.shutdown(timeout_ms=2000)
-asyncio.run(main())
-"""
-
-# The cheapest Python leader we can think of, for a lower bound: asyncpg on
-# plain asyncio (no Trio, no bridge, no maintenance logic) holding the lock
-# and sending awa_trio's idle round trips at awa_trio's ticks (counted with
+# The floors (programs/floor_asyncio.py, programs/floor_trio.py) hold the lock
+# and send awa_trio's idle round trips at awa_trio's ticks (counted with
 # log_statement = all: canonical, per second, 4 at the 250 ms promotion tick,
 # 3 at the 1 s ticks of cron evaluation, the batch runner and the schema
 # watch, 1 every 2 s for the dirty admin keys; queue storage 4 + 4 at 250 ms
@@ -79,53 +53,7 @@ FLOOR_TICKS = {
     "canonical": [(0.25, 1), (1.0, 3), (2.0, 1)],
     "queue_storage": [(0.25, 2), (1.0, 5)],
 }
-ASYNCIO_FLOOR_LEADER = r"""
-import asyncio, json, sys, asyncpg
-async def loop_at(dsn, period):
-    conn = await asyncpg.connect(dsn)
-    loop = asyncio.get_running_loop()
-    tick = loop.time()
-    while True:
-        tick += period
-        await asyncio.sleep(max(0.0, tick - loop.time()))
-        await conn.fetchval("SELECT 1")
-async def main():
-    dsn, ticks = sys.argv[1], json.loads(sys.argv[2])
-    lock = await asyncpg.connect(dsn)
-    await lock.execute("SELECT pg_advisory_lock(4708303813012965710)")
-    await asyncio.gather(*(loop_at(dsn, period) for period, count in ticks for _ in range(count)))
-asyncio.run(main())
-"""
-
-# The same loops on Trio, through awa_trio's own bridge to asyncpg
-# (awa_trio.db): what the stack costs before any maintenance logic runs.
-TRIO_FLOOR_LEADER = r"""
-import json, sys, trio
-from awa_trio.db import open_database
-async def loop_at(db, period):
-    tick = trio.current_time()
-    while True:
-        tick += period
-        await trio.sleep_until(tick)
-        await db.fetchval("SELECT 1")
-async def main():
-    dsn, ticks = sys.argv[1], json.loads(sys.argv[2])
-    async with open_database(dsn) as db:
-        lock = await db.connect_dedicated()
-        await lock.execute("SELECT pg_advisory_lock(4708303813012965710)")
-        async with trio.open_nursery() as nursery:
-            for period, count in ticks:
-                for _ in range(count):
-                    nursery.start_soon(loop_at, db, period)
-trio.run(main)
-"""
-
-LEADER_LOCK_HELD_SQL = """
-    SELECT count(*) FROM pg_locks
-    WHERE locktype = 'advisory' AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = $1)
-      AND (classid::bigint << 32 | objid::bigint) = 4708303813012965710
-"""
+LEADER_LOCK_HELD_SQL = _common.lock_holders_sql("count(*)", database="$1")
 
 TRANSACTIONS_SQL = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1"
 
@@ -160,7 +88,7 @@ def voluntary_switches(pid: int) -> int:
 
 
 async def sample(conn: asyncpg.Connection, run: LeaderRun) -> Sample:
-    cpu, peak = process_cost(run.process.pid)
+    cpu, peak = _common.process_cost(run.process.pid)
     return Sample(
         cpu,
         peak,
@@ -170,38 +98,24 @@ async def sample(conn: asyncpg.Connection, run: LeaderRun) -> Sample:
 
 
 async def make_database(server: str, engine: str) -> str:
-    if engine == "queue_storage":
-        name, _dsn = await make_queue_storage_database(server)
-        return name
-    import awa
-
-    name = f"awa_trio_bench_idle_{uuid.uuid4().hex[:8]}"
-    await admin(server, f'CREATE DATABASE "{name}"')
-    await awa.AsyncClient(f"{server}/{name}").migrate()
-    return name
+    dsn = await _common.create_database(server, _common.scratch_name("awa_trio_bench_idle"),
+                                        queue_storage=engine == "queue_storage")
+    return _common.name_of(dsn)
 
 
-FLOOR_LEADERS = {"asyncio floor": ASYNCIO_FLOOR_LEADER, "trio floor": TRIO_FLOOR_LEADER}
+FLOOR_LEADERS = {"asyncio floor": "floor_asyncio", "trio floor": "floor_trio"}
 
 
 def start_leader(kind: str, engine: str, dsn: str) -> subprocess.Popen:
     if kind == "awa_trio":
-        argv = [
-            sys.executable,
-            "-m",
-            "awa_trio",
-            "--database-url",
-            dsn,
-            "--leader-election-interval",
-            "100ms",
-            "--log-level",
-            "WARNING",
-        ]
+        argv = _common.awa_trio_argv(dsn, "--leader-election-interval", "100ms", "--log-level", "WARNING")
     elif kind in FLOOR_LEADERS:
-        argv = [sys.executable, "-c", FLOOR_LEADERS[kind], dsn, json.dumps(FLOOR_TICKS[engine])]
+        argv = _common.program(FLOOR_LEADERS[kind], dsn, json.dumps(FLOOR_TICKS[engine]), str(_common.LOCK_KEY))
     else:
+        # canonical_drain keeps a canonical install canonical; auto is the
+        # default role, which on queue storage is what every Awa 0.6 runtime runs.
         role = "auto" if engine == "queue_storage" else "canonical_drain"
-        argv = [sys.executable, "-c", AWA_PG_IDLE_LEADER, dsn, role]
+        argv = _common.awa_pg_runtime(dsn, role=role, leader_election_interval_ms=100)
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -236,7 +150,7 @@ async def run_engine(server: str, engine: str, seconds: float) -> dict[str, Lead
             except subprocess.TimeoutExpired:
                 run.process.kill()
         for name in databases.values():
-            await admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await _common.drop_database(server, name)
 
 
 def measures(run: LeaderRun, seconds: float) -> list[float]:
@@ -296,7 +210,7 @@ async def main() -> None:
     parser.add_argument("--engine", action="append", choices=ENGINES)
     parser.add_argument("--rounds", type=int, default=1, help="repeat and print medians")
     parser.add_argument(
-        "--server", default=os.environ.get("AWA_TRIO_TEST_SERVER", "postgresql://postgres@localhost:5432")
+        "--server", default=_common.env_server()
     )
     args = parser.parse_args()
     compile_like_a_wheel_install()

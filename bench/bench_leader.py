@@ -28,70 +28,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import subprocess
-import sys
 import time
-import uuid
 
+import _common
 import asyncpg
-
-AWA_PG_RUNTIME = r"""
-import asyncio, signal, sys, awa
-async def main():
-    client = awa.AsyncClient(sys.argv[1])
-    @client.task(dict, kind="bench_idle", queue="bench_idle")
-    async def idle(job):
-        pass
-    await client.start([("bench_idle", 1)], storage_transition_role="canonical_drain",
-                       leader_election_interval_ms=100, promote_interval_ms=250,
-                       heartbeat_rescue_interval_ms=int(sys.argv[2]), heartbeat_staleness_ms=60_000)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    print("READY", flush=True)
-    await stop.wait()
-    await client.shutdown(timeout_ms=2000)
-asyncio.run(main())
-"""
-
-LOCK_HELD_SQL = """
-    SELECT count(*) FROM pg_locks
-    WHERE locktype = 'advisory' AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND (classid::bigint << 32 | objid::bigint) = 4708303813012965710
-"""
 
 
 def start_leader(kind: str, dsn: str, rescue_interval_ms: int) -> subprocess.Popen:
     if kind == "awa_trio":
-        argv = [sys.executable, "-m", "awa_trio", "--database-url", dsn,
-                "--leader-election-interval", "100ms", "--promote-interval", "250ms",
-                "--heartbeat-rescue-interval", f"{rescue_interval_ms}ms",
-                "--heartbeat-staleness", "60s", "--log-level", "WARNING"]
+        argv = _common.awa_trio_argv(
+            dsn, "--leader-election-interval", "100ms", "--promote-interval", "250ms",
+            "--heartbeat-rescue-interval", f"{rescue_interval_ms}ms",
+            "--heartbeat-staleness", "60s", "--log-level", "WARNING")
     else:
-        argv = [sys.executable, "-c", AWA_PG_RUNTIME, dsn, str(rescue_interval_ms)]
+        argv = _common.awa_pg_runtime(
+            dsn, role="canonical_drain", leader_election_interval_ms=100, promote_interval_ms=250,
+            heartbeat_rescue_interval_ms=rescue_interval_ms, heartbeat_staleness_ms=60_000)
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def process_cost(pid: int) -> tuple[float, float]:
-    """(CPU seconds so far, peak RSS in MiB) of a live process, from /proc."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    with open(f"/proc/{pid}/status") as status:
-        peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    return cpu, peak_kib / 1024
-
-
 async def wait_until(conn, sql: str, predicate, timeout: float = 120.0) -> float:
-    deadline = time.perf_counter() + timeout
-    while True:
-        if predicate(await conn.fetchval(sql)):
-            return time.perf_counter()
-        if time.perf_counter() > deadline:
-            raise TimeoutError(sql)
-        await asyncio.sleep(0.005)
+    return await _common.wait_until(conn, sql, until=predicate, timeout=timeout, every=0.005)
 
 
 async def one_run(
@@ -99,10 +58,7 @@ async def one_run(
     rescue_interval_ms: int,
 ) -> tuple[float, float, float]:
     """(seconds until done, leader CPU seconds in that time, leader peak RSS MiB)."""
-    name = f"awa_trio_bench_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(f"{server}/postgres")
-    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    dsn = f"{server}/{name}"
+    dsn = await _common.copy_database(server, template, "awa_trio_bench")
     process = None
     try:
         conn = await asyncpg.connect(dsn)
@@ -114,9 +70,9 @@ async def one_run(
             )
             await conn.execute("VACUUM ANALYZE awa.jobs_hot")
         process = start_leader(leader, dsn, rescue_interval_ms)
-        await wait_until(conn, LOCK_HELD_SQL, lambda n: n == 1, timeout=30)
+        await wait_until(conn, _common.LOCK_HELD_SQL, lambda n: n == 1, timeout=30)
         await asyncio.sleep(1.0)  # let the leader settle into its ticks
-        cpu_before, _ = process_cost(process.pid)
+        cpu_before, _ = _common.process_cost(process.pid)
         if scenario == "idle":
             committed = time.perf_counter()
             await asyncio.sleep(size)
@@ -142,45 +98,23 @@ async def one_run(
                 conn, "SELECT count(*) FROM awa.jobs_hot WHERE state = 'running'", lambda n: n == 0
             )
         await conn.close()
-        cpu_after, peak_rss = process_cost(process.pid)
+        cpu_after, peak_rss = _common.process_cost(process.pid)
         return done - committed, cpu_after - cpu_before, peak_rss
     finally:
-        if process is not None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
-
-
-async def make_template(server: str) -> str:
-    import awa
-
-    name = f"awa_trio_bench_tpl_{os.getpid()}"
-    admin = await asyncpg.connect(f"{server}/postgres")
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await awa.AsyncClient(f"{server}/{name}").migrate()
-    await admin.execute(
-        f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' "
-        "AND pid <> pg_backend_pid()"
-    )
-    await admin.close()
-    return name
+        _common.stop(process)
+        await _common.drop_database(server, dsn)
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--server", default="postgresql://postgres@localhost:5432")
+    parser.add_argument("--server", default=_common.SERVER)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--promote-jobs", type=int, default=100_000)
     parser.add_argument("--rescue-jobs", type=int, default=5_000)
     parser.add_argument("--backlog", type=int, default=300_000)
     args = parser.parse_args()
 
-    template = await make_template(args.server)
+    template = await _common.make_template(args.server, "awa_trio_bench")
     rescued = f"{args.rescue_jobs:,} stale jobs rescued, {args.backlog:,} completed beside"
     scenarios = [
         ("promotion", f"{args.promote_jobs:,} due jobs -> available (tick 250ms)",
@@ -208,9 +142,7 @@ async def main() -> None:
                 print(f"{label if line == 0 else '':<60}"
                       f"{what:>9}{theirs:>11.2f} {unit:<3}{ours:>7.2f} {unit:<3}{ratio}")
     finally:
-        admin = await asyncpg.connect(f"{args.server}/postgres")
-        await admin.execute(f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
-        await admin.close()
+        await _common.drop_database(args.server, template)
 
 
 if __name__ == "__main__":

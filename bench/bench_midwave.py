@@ -24,9 +24,9 @@ import gc
 import os
 import statistics
 import sys
-import uuid
 from pathlib import Path
 
+import _common
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,31 +37,10 @@ from support.midwave import WaveResult, run_wave
 from awa_trio.db import open_database
 
 
-async def make_template(server: str) -> str:
-    import awa
-
-    name = f"awa_trio_midwave_tpl_{os.getpid()}"
-    async with open_database(f"{server}/postgres", pool_size=1) as admin:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        await trio.to_thread.run_sync(lambda: awa.Client(f"{server}/{name}").migrate())
-        gc.collect()
-        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                            f"WHERE datname = '{name}' AND pid <> pg_backend_pid()")
-    return name
-
-
-async def admin_execute(server: str, sql: str) -> None:
-    async with open_database(f"{server}/postgres", pool_size=1) as admin:
-        await admin.execute(sql)
-
-
 async def one_wave(server: str, template: str, leaders: str, jobs: int, kill_after: float) -> WaveResult:
     import awa
 
-    name = f"awa_trio_midwave_{uuid.uuid4().hex[:8]}"
-    await admin_execute(server, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    dsn = f"{server}/{name}"
+    dsn = await _common.in_trio(_common.copy_database, server, template, "awa_trio_midwave")
     client = awa.Client(dsn)
     try:
         async with open_database(dsn, pool_size=2, application_name="bench admin") as admin:
@@ -69,13 +48,13 @@ async def one_wave(server: str, template: str, leaders: str, jobs: int, kill_aft
     finally:
         del client
         gc.collect()
-        await admin_execute(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await _common.in_trio(_common.drop_database, server, dsn)
 
 
 async def run(server: str, jobs: int, kill_after: float, runs: int, skip_upstream: bool) -> None:
     print(f"{jobs:,} jobs due at once, leader SIGKILLed {kill_after:g} s into promotion; "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    template = await make_template(server)
+    template = await _common.in_trio(_common.make_template, server, "awa_trio_midwave")
     results: dict[str, list[WaveResult]] = {}
     try:
         for leaders in ("awa_trio",) if skip_upstream else ("awa_trio", "awa-pg"):
@@ -88,7 +67,7 @@ async def run(server: str, jobs: int, kill_after: float, runs: int, skip_upstrea
                       f"{'' if result.exactly_once else result.outcomes}"
                       f"{' exits: ' + str(result.unexpected_exits) if result.unexpected_exits else ''}")
     finally:
-        await admin_execute(server, f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
+        await _common.in_trio(_common.drop_database, server, template)
 
     print()
     print(f"| leaders (median of {runs}) | promoted when killed | takeover | all promoted after due "
@@ -106,8 +85,7 @@ async def run(server: str, jobs: int, kill_after: float, runs: int, skip_upstrea
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server", default=os.environ.get("AWA_TRIO_TEST_SERVER",
-                                                           "postgresql://postgres@localhost:5432"))
+    parser.add_argument("--server", default=_common.env_server())
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--kill-after", type=float, default=0.3)
     parser.add_argument("--runs", type=int, default=3)

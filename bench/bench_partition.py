@@ -18,24 +18,12 @@ import argparse
 import asyncio
 import shutil
 import subprocess
-import uuid
 
-import asyncpg
+import _common
 import trio
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.db import open_database
-
-
-def admin(server: str, sql: str) -> None:
-    async def run() -> None:
-        conn = await asyncpg.connect(f"{server}/postgres")
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run())
 
 
 def iptables(action: str, client_port: int) -> None:
@@ -79,13 +67,9 @@ def main() -> None:
     if shutil.which("iptables") is None:
         raise SystemExit("bench_partition: needs iptables (and root)")
 
-    database = f"awa_trio_bench_partition_{uuid.uuid4().hex[:8]}"
-    admin(args.server, f'CREATE DATABASE "{database}"')
-    dsn = f"{args.server}/{database}"
+    database = _common.scratch_name("awa_trio_bench_partition")
     try:
-        import awa
-
-        awa.Client(dsn).migrate()
+        dsn = asyncio.run(_common.create_database(args.server, database))
         base = MaintenanceConfig(leader_election_interval=1.0, leader_check_interval=2.0)
         print("failover after a silent partition of the leader's lock connection")
         for label, config in (
@@ -98,7 +82,7 @@ def main() -> None:
             shown = f"{seconds:.1f} s" if seconds is not None else f"none within {args.give_up:.0f} s"
             print(f"    a node leads again after {shown}")
     finally:
-        admin(args.server, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        asyncio.run(_common.drop_database(args.server, database))
 
 
 if __name__ == "__main__":

@@ -20,12 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
-import sys
 import time
 import uuid
 
-import asyncpg
+import _common
 import trio
 
 from awa_trio.config import MaintenanceConfig
@@ -36,21 +34,6 @@ from awa_trio.queue_storage import cleanup
 from awa_trio.schema import check_schema
 
 UPSTREAM_ROWS_PER_SECOND = 1000 / 60
-
-FINALISE_SCRIPT = """
-import asyncio, sys, awa
-async def main(dsn):
-    client = awa.AsyncClient(dsn)
-    @client.task(dict, kind='noop', queue='default')
-    async def noop(job): pass
-    await client.start([{'name': 'default', 'max_workers': 1}],
-                       storage_transition_role='auto', leader_election_interval_ms=600000)
-    for _ in range(100):
-        if (await client.storage_status())['state'] == 'active': break
-        await asyncio.sleep(0.1)
-    await client.shutdown(timeout_ms=1000)
-asyncio.run(main(sys.argv[1]))
-"""
 
 FILL_SQL = """
     INSERT INTO awa.dlq_entries (
@@ -64,26 +47,6 @@ FILL_SQL = """
            'bench', now() - interval '31 days', 1
     FROM generate_series(1, $1) AS n
 """
-
-
-async def admin(server: str, sql: str) -> None:
-    conn = await asyncpg.connect(f"{server}/postgres")
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-def make_queue_storage_database(server: str) -> str:
-    import awa
-
-    name = f"awa_trio_bench_dlq_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    asyncio.run(admin(server, f'CREATE DATABASE "{name}"'))
-    dsn = f"{server}/{name}"
-    awa.Client(dsn).migrate()
-    subprocess.run([sys.executable, "-c", FINALISE_SCRIPT, dsn], timeout=120, check=False,
-                   stderr=subprocess.DEVNULL)
-    return name
 
 
 async def drain(dsn: str, rows: int, batch_size: int) -> tuple[float, int, int]:
@@ -107,12 +70,12 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--batch-sizes", default="1000,10000")
-    parser.add_argument("--server", default="postgresql://postgres@localhost:5432")
+    parser.add_argument("--server", default=_common.SERVER)
     args = parser.parse_args()
 
-    name = make_queue_storage_database(args.server)
+    name = f"awa_trio_bench_dlq_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     try:
-        dsn = f"{args.server}/{name}"
+        dsn = asyncio.run(_common.create_database(args.server, name, queue_storage=True))
         print(f"DLQ purge on queue storage, {args.rows:,} expired rows per run")
         print(f"{'leader':<28}{'batch':>8}{'seconds':>10}{'rows/s':>12}{'left':>8}")
         for batch_size in (int(size) for size in args.batch_sizes.split(",")):
@@ -123,7 +86,7 @@ def main() -> None:
         print(f"{'upstream 0.6.1 (1000/60s)':<28}{1000:>8}{upstream_seconds:>10,.0f}"
               f"{UPSTREAM_ROWS_PER_SECOND:>12,.1f}{'':>8}")
     finally:
-        asyncio.run(admin(args.server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        asyncio.run(_common.drop_database(args.server, name))
 
 
 if __name__ == "__main__":

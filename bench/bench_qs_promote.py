@@ -28,81 +28,17 @@ import argparse
 import datetime as dt
 import statistics
 import subprocess
-import sys
 import time
-import uuid
 
+import _common
 import trio
 
 from awa_trio.config import MaintenanceConfig
 from awa_trio.context import MaintenanceContext
 from awa_trio.db import open_database
-from awa_trio.leadership import LOCK_KEY
 from awa_trio.metrics import MaintenanceMetrics
 from awa_trio.queue_storage import promote
 from awa_trio.schema import check_schema
-
-FINALISE_RUNTIME = r"""
-import asyncio, sys, awa
-async def main():
-    client = awa.AsyncClient(sys.argv[1])
-    @client.task(dict, kind="noop", queue="default")
-    async def noop(job): pass
-    await client.start([{"name": "default", "max_workers": 1}],
-                       storage_transition_role="auto", leader_election_interval_ms=600000)
-    for _ in range(100):
-        if (await client.storage_status())["state"] == "active": break
-        await asyncio.sleep(0.1)
-    await client.shutdown(timeout_ms=1000)
-asyncio.run(main())
-"""
-
-UPSTREAM_LEADER = r"""
-import asyncio, signal, sys, awa
-async def main():
-    client = awa.AsyncClient(sys.argv[1])
-    @client.task(dict, kind="bench_idle", queue="bench_idle")
-    async def idle(job): pass
-    await client.start([{"name": "bench_idle", "max_workers": 1}], storage_transition_role="auto",
-                       leader_election_interval_ms=100, promote_interval_ms=250)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    print("READY", flush=True)
-    await stop.wait()
-    await client.shutdown(timeout_ms=2000)
-asyncio.run(main())
-"""
-
-LOCK_HELD_SQL = """
-    SELECT count(*) FROM pg_locks
-    WHERE locktype = 'advisory' AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND (classid::bigint << 32 | objid::bigint) = $1
-"""
-
-
-async def admin(server: str, sql: str) -> None:
-    async with open_database(f"{server}/postgres", pool_size=1) as db:
-        await db.execute(sql)
-
-
-async def make_template(server: str) -> str:
-    """A migrated database finalised to queue storage by a real awa-pg runtime."""
-    import awa
-
-    name = f"awa_trio_bench_qtpl_{uuid.uuid4().hex[:8]}"
-    await admin(server, f'CREATE DATABASE "{name}"')
-    dsn = f"{server}/{name}"
-    await trio.to_thread.run_sync(lambda: awa.Client(dsn).migrate())
-    await trio.run_process([sys.executable, "-c", FINALISE_RUNTIME, dsn], check=False,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    async with open_database(dsn, pool_size=1) as db:
-        state = await db.fetchrow("SELECT active_engine, state FROM awa.storage_status()")
-        assert tuple(state) == ("queue_storage", "active"), state
-        await db.execute("DELETE FROM awa.runtime_instances")
-    await admin(server, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        f"WHERE datname = '{name}' AND pid <> pg_backend_pid()")
-    return name
 
 
 async def insert_burst(dsn: str, size: int) -> None:
@@ -121,9 +57,7 @@ async def insert_burst(dsn: str, size: int) -> None:
 async def one_run(server: str, template: str, leader: str, size: int,
                   upstream_timeout: float) -> tuple[int, float, int]:
     """(jobs promoted, seconds, ticks); seconds is the timeout when wedged."""
-    name = f"awa_trio_bench_q_{uuid.uuid4().hex[:8]}"
-    await admin(server, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    dsn = f"{server}/{name}"
+    dsn = await _common.in_trio(_common.copy_database, server, template, "awa_trio_bench_q")
     process = None
     try:
         async with open_database(dsn, pool_size=4) as db:
@@ -131,10 +65,11 @@ async def one_run(server: str, template: str, leader: str, size: int,
             await db.execute("VACUUM ANALYZE awa.deferred_jobs")
             if leader == "awa-pg 0.6.1":
                 process = await trio.lowlevel.open_process(
-                    [sys.executable, "-c", UPSTREAM_LEADER, dsn],
+                    _common.awa_pg_runtime(dsn, role="auto", leader_election_interval_ms=100,
+                                           promote_interval_ms=250),
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 with trio.fail_after(30):
-                    while await db.fetchval(LOCK_HELD_SQL, LOCK_KEY) != 1:
+                    while await db.fetchval(_common.LOCK_HELD_SQL) != 1:
                         await trio.sleep(0.05)
                 await trio.sleep(1.0)  # settle into its ticks
             await db.execute("UPDATE awa.deferred_jobs SET run_at = now() - interval '1 second'")
@@ -164,12 +99,12 @@ async def one_run(server: str, template: str, leader: str, size: int,
                 await process.wait()
             if process.returncode is None:
                 process.kill()
-        await admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await _common.in_trio(_common.drop_database, server, dsn)
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", default="postgresql://postgres@localhost:5432")
+    parser.add_argument("--server", default=_common.SERVER)
     parser.add_argument("--sizes", default="50000,3000", help="awa_trio burst sizes")
     parser.add_argument("--upstream-sizes", default="50000,3000")
     parser.add_argument("--runs", type=int, default=1)
@@ -178,7 +113,7 @@ async def main() -> None:
     plan = ([("awa_trio", int(size)) for size in args.sizes.split(",") if size]
             + [("awa-pg 0.6.1", int(size)) for size in args.upstream_sizes.split(",") if size])
 
-    template = await make_template(args.server)
+    template = await _common.in_trio(_common.make_template, args.server, "awa_trio_bench_q", queue_storage=True)
     rows = []
     try:
         for leader, size in plan:
@@ -186,7 +121,7 @@ async def main() -> None:
                     for _ in range(args.runs)]
             rows.append((leader, size, runs))
     finally:
-        await admin(args.server, f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
+        await _common.in_trio(_common.drop_database, args.server, template)
 
     print(f"\nPromotion of a due queue-storage burst (median of {args.runs} run(s); "
           "half the rows with a NULL payload)\n")

@@ -29,9 +29,9 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
+import _common
 import asyncpg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,53 +48,6 @@ DISABLED_BRANCHES = (
     "promote_scheduled", "cleanup", "queue_stats", "batch_operations", "terminal_count_rollup",
     "rotate_queue", "rotate_lease", "rotate_claim", "cron_sync", "cron_eval",
 )  # fmt: skip
-
-AWA_PG_LEADER = r"""
-import asyncio, signal, sys, awa
-async def main():
-    client = awa.AsyncClient(sys.argv[1])
-    @client.task(dict, kind="bench_idle", queue="bench_idle")
-    async def idle(job):
-        pass
-    await client.start([("bench_idle", 1)], storage_transition_role="auto",
-                       leader_election_interval_ms=100,
-                       heartbeat_rescue_interval_ms=int(sys.argv[2]),
-                       heartbeat_staleness_ms=int(sys.argv[3]))
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    print("READY", flush=True)
-    await stop.wait()
-    await client.shutdown(timeout_ms=2000)
-asyncio.run(main())
-"""
-
-FINALISE_RUNTIME = r"""
-import asyncio, sys, awa
-async def main():
-    client = awa.AsyncClient(sys.argv[1])
-    await client.migrate()
-    @client.task(dict, kind="noop", queue="default")
-    async def noop(job):
-        pass
-    await client.start([("default", 1)], storage_transition_role="auto",
-                       leader_election_interval_ms=600000)
-    for _ in range(100):
-        status = await client.storage_status()
-        if getattr(status, "state", None) == "active" or (
-                isinstance(status, dict) and status.get("state") == "active"):
-            break
-        await asyncio.sleep(0.1)
-    await asyncio.sleep(1.0)
-    await client.shutdown(timeout_ms=1000)
-asyncio.run(main())
-"""
-
-LOCK_HELD_SQL = """
-    SELECT count(*) FROM pg_locks
-    WHERE locktype = 'advisory' AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND (classid::bigint << 32 | objid::bigint) = 4708303813012965710
-"""
 
 INSERT_SQL = """
     SELECT id FROM awa.insert_job_compat(
@@ -120,17 +73,16 @@ RESCUED_SQL = """
 
 def start_leader(leader: str, dsn: str) -> subprocess.Popen:
     if leader == "awa_trio":
-        argv = [sys.executable, "-m", "awa_trio", "--database-url", dsn,
-                "--leader-election-interval", "100ms",
-                "--heartbeat-rescue-interval", f"{RESCUE_INTERVAL_MS}ms",
-                "--heartbeat-staleness", f"{STALENESS_MS}ms", "--log-level", "ERROR"]
+        argv = _common.awa_trio_argv(
+            dsn, "--leader-election-interval", "100ms", "--heartbeat-rescue-interval", f"{RESCUE_INTERVAL_MS}ms",
+            "--heartbeat-staleness", f"{STALENESS_MS}ms", "--log-level", "ERROR")
         for name in DISABLED_BRANCHES:
             argv += ["--disable-branch", name]
     else:
-        argv = [sys.executable, "-c", AWA_PG_LEADER, dsn, str(RESCUE_INTERVAL_MS),
-                str(STALENESS_MS)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        argv = _common.awa_pg_runtime(
+            dsn, role="auto", leader_election_interval_ms=100,
+            heartbeat_rescue_interval_ms=RESCUE_INTERVAL_MS, heartbeat_staleness_ms=STALENESS_MS)
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_common.repo_env())
 
 
 async def start_worker(dsn: str) -> tuple[asyncio.subprocess.Process, asyncio.StreamReader]:
@@ -156,26 +108,13 @@ async def wait_for_line(stream: asyncio.StreamReader, prefix: str, timeout: floa
     return await asyncio.wait_for(read(), timeout)
 
 
-async def wait_until(conn, sql: str, *args, timeout: float = 60.0, every: float = 0.01) -> float:
-    deadline = time.perf_counter() + timeout
-    while True:
-        if await conn.fetchval(sql, *args):
-            return time.perf_counter()
-        if time.perf_counter() > deadline:
-            raise TimeoutError(sql)
-        await asyncio.sleep(every)
-
-
 async def one_run(server: str, template: str, leader: str) -> dict[str, float]:
-    name = f"awa_trio_bench_qsr_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(f"{server}/postgres")
-    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    dsn = f"{server}/{name}"
+    dsn = await _common.copy_database(server, template, "awa_trio_bench_qsr")
     leader_process = worker = None
     try:
         conn = await asyncpg.connect(dsn)
         leader_process = start_leader(leader, dsn)
-        await wait_until(conn, LOCK_HELD_SQL, timeout=30)
+        await _common.wait_until(conn, _common.LOCK_HELD_SQL, timeout=30)
         worker, stdout = await start_worker(dsn)
         await wait_for_line(stdout, "READY")
         job_id = await conn.fetchval(INSERT_SQL, KIND, QUEUE)
@@ -191,7 +130,7 @@ async def one_run(server: str, template: str, leader: str) -> dict[str, float]:
         claimed = await conn.fetchval(
             "SELECT max(claimed_at) FROM awa.lease_claims WHERE job_id = $1", job_id)
         await worker.wait()
-        rescued = await wait_until(conn, RESCUED_SQL, job_id, run_lease)
+        rescued = await _common.wait_until(conn, RESCUED_SQL, job_id, run_lease)
         await conn.close()
         return {
             "latency": rescued - killed,
@@ -202,52 +141,24 @@ async def one_run(server: str, template: str, leader: str) -> dict[str, float]:
         if worker is not None and worker.returncode is None:
             worker.kill()
             await worker.wait()
-        if leader_process is not None:
-            leader_process.terminate()
-            try:
-                leader_process.wait(10)
-            except subprocess.TimeoutExpired:
-                leader_process.kill()
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
-
-
-async def make_template(server: str) -> str:
-    name = f"awa_trio_bench_qsr_tpl_{os.getpid()}"
-    admin = await asyncpg.connect(f"{server}/postgres")
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    subprocess.run([sys.executable, "-c", FINALISE_RUNTIME, f"{server}/{name}"],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, check=False)
-    conn = await asyncpg.connect(f"{server}/{name}")
-    state = await conn.fetchrow("SELECT active_engine, state FROM awa.storage_status()")
-    assert tuple(state) == ("queue_storage", "active"), f"queue storage not live: {state}"
-    await conn.execute("DELETE FROM awa.runtime_instances")
-    await conn.close()
-    await admin.execute(
-        f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' "
-        "AND pid <> pg_backend_pid()"
-    )
-    await admin.close()
-    return name
+        _common.stop(leader_process)
+        await _common.drop_database(server, dsn)
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--server", default="postgresql://postgres@localhost:5432")
+    parser.add_argument("--server", default=_common.SERVER)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
 
-    template = await make_template(args.server)
+    template = await _common.make_template(args.server, "awa_trio_bench_qsr", queue_storage=True)
     try:
         results: dict[str, list[dict[str, float]]] = {"awa-pg": [], "awa_trio": []}
         for _ in range(args.runs):  # interleaved, so machine load hits both alike
             for leader in results:
                 results[leader].append(await one_run(args.server, template, leader))
     finally:
-        admin = await asyncpg.connect(f"{args.server}/postgres")
-        await admin.execute(f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
-        await admin.close()
+        await _common.drop_database(args.server, template)
 
     print(f"rescue latency after SIGKILL, queue storage: staleness {STALENESS_MS / 1000:g} s, "
           f"rescue tick {RESCUE_INTERVAL_MS / 1000:g} s, worker heartbeat "

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
+import _common
 import asyncpg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,88 +37,24 @@ RING_INTERVALS_MS = {"queue": 200, "lease": 100, "claim": 200}
 FAIL_EVERY = 10  # one job in ten is kind "boom" (max_attempts 1: fails terminally)
 
 
-async def admin(server: str, sql: str) -> None:
-    conn = await asyncpg.connect(f"{server}/postgres")
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-async def make_queue_storage_database(server: str) -> tuple[str, str]:
-    import awa
-
-    name = f"awa_trio_bench_qs_{uuid.uuid4().hex[:8]}"
-    await admin(server, f'CREATE DATABASE "{name}"')
-    dsn = f"{server}/{name}"
-    await awa.AsyncClient(dsn).migrate()
-    # A first auto runtime finalises the fresh install to queue storage.
-    worker = await start_process(sys.executable, str(LOAD_WORKER_SCRIPT), dsn, "--workers", "1")
-    await wait_for(worker, "READY")
-    conn = await asyncpg.connect(dsn)
-    try:
-        for _ in range(100):
-            if await conn.fetchval("SELECT state FROM awa.storage_status()") == "active":
-                break
-            await asyncio.sleep(0.1)
-    finally:
-        await conn.close()
-    await stop(worker)
-    return name, dsn
-
-
-async def start_process(*argv: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
-
-
-async def wait_for(process: asyncio.subprocess.Process, marker: str, timeout: float = 60) -> None:
-    async def read() -> None:
-        while True:
-            line = await process.stdout.readline()
-            if not line:
-                raise RuntimeError(f"process exited before {marker!r}")
-            if marker in line.decode(errors="replace"):
-                return
-
-    await asyncio.wait_for(read(), timeout)
-
-
-async def drain_output(process: asyncio.subprocess.Process) -> None:
-    while await process.stdout.readline():
-        pass
-
-
-async def stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), 10)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-
-
 async def start_leader(kind: str, dsn: str) -> asyncio.subprocess.Process:
     if kind == "awa-pg":
-        leader = await start_process(
+        leader = await _common.start_process(
             sys.executable, str(LOAD_WORKER_SCRIPT), dsn, "--lead", "--workers", "16",
             "--queue-rotate-ms", str(RING_INTERVALS_MS["queue"]),
             "--lease-rotate-ms", str(RING_INTERVALS_MS["lease"]),
             "--claim-rotate-ms", str(RING_INTERVALS_MS["claim"]),
         )
-        await wait_for(leader, "READY")
+        await _common.wait_for_output(leader, "READY")
     else:
-        leader = await start_process(
-            sys.executable, "-m", "awa_trio", "--database-url", dsn,
+        leader = await _common.start_process(
+            *_common.awa_trio_argv(dsn),
             "--queue-rotate-interval", f"{RING_INTERVALS_MS['queue']}ms",
             "--lease-rotate-interval", f"{RING_INTERVALS_MS['lease']}ms",
             "--claim-rotate-interval", f"{RING_INTERVALS_MS['claim']}ms",
             "--leader-check-interval", "1s",
         )
-        await wait_for(leader, "elected maintenance leader")
+        await _common.wait_for_output(leader, "elected maintenance leader")
     return leader
 
 
@@ -187,17 +122,17 @@ async def queue_counts(dsn: str) -> dict[str, int]:
 
 
 async def run_one(kind: str, server: str, rate: int, seconds: float) -> dict:
-    name, dsn = await make_queue_storage_database(server)
+    dsn = await _common.create_database(server, _common.scratch_name("awa_trio_bench_qs"), queue_storage=True)
     processes = []
     drains = []  # referenced so the event loop does not drop them mid-run
     try:
         leader = await start_leader(kind, dsn)
         processes.append(leader)
-        drains.append(asyncio.ensure_future(drain_output(leader)))
+        drains.append(asyncio.ensure_future(_common.drain_output(leader)))
         for _ in range(2):
-            worker = await start_process(sys.executable, str(LOAD_WORKER_SCRIPT), dsn, "--workers", "16")
-            await wait_for(worker, "READY")
-            drains.append(asyncio.ensure_future(drain_output(worker)))
+            worker = await _common.start_process(sys.executable, str(LOAD_WORKER_SCRIPT), dsn, "--workers", "16")
+            await _common.wait_for_output(worker, "READY")
+            drains.append(asyncio.ensure_future(_common.drain_output(worker)))
             processes.append(worker)
         samples = RingSamples()
         stop_event = asyncio.Event()
@@ -209,8 +144,8 @@ async def run_one(kind: str, server: str, rate: int, seconds: float) -> dict:
         return {"leader": kind, "ok": ok, "boom": boom, "samples": samples, **result}
     finally:
         for process in processes:
-            await stop(process)
-        await admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await _common.stop_process(process)
+        await _common.drop_database(server, dsn)
 
 
 def report(results: list[dict], rate: int, seconds: float) -> None:
@@ -238,8 +173,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rate", type=int, default=250)
     parser.add_argument("--seconds", type=float, default=60)
-    parser.add_argument("--server", default=os.environ.get(
-        "AWA_TRIO_TEST_SERVER", "postgresql://postgres@localhost:5432"))
+    parser.add_argument("--server", default=_common.env_server())
     parser.add_argument("--leaders", default="awa-pg,awa_trio")
     args = parser.parse_args()
     results = [await run_one(kind, args.server, args.rate, args.seconds)

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import asyncpg
+import _common
 import trio
 
 from awa_trio.config import MaintenanceConfig
@@ -38,28 +37,10 @@ from awa_trio.schema import check_schema
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 WORKER = TESTS / "support" / "awa_pg_worker.py"
-def admin(server: str, sql: str) -> None:
-    async def run() -> None:
-        conn = await asyncpg.connect(f"{server}/postgres")
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-    asyncio.run(run())
-
-
 def make_database(server: str, name: str) -> str:
-    import awa
-
-    admin(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin(server, f'CREATE DATABASE "{name}"')
-    dsn = f"{server}/{name}"
-    client = awa.Client(dsn)
-    client.migrate()
-    del client
-    gc.collect()
+    dsn = asyncio.run(_common.create_database(server, name))
     # The test suite's recipe: an awa-pg ``auto`` runtime finalises a fresh
-    # install to queue storage (and checks it did).
+    # install to queue storage (and checks it did, rings at slot 0).
     sys.path.insert(0, str(TESTS))
     from conftest import _make_queue_storage
 
@@ -166,7 +147,7 @@ async def bench(dsn: str, failed: int, laps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server", default="postgresql://postgres@localhost:5432")
+    parser.add_argument("--server", default=_common.SERVER)
     parser.add_argument("--failed", type=int, default=500)
     parser.add_argument("--laps", type=int, default=4)
     args = parser.parse_args()
@@ -175,7 +156,7 @@ def main() -> None:
     try:
         trio.run(bench, dsn, args.failed, args.laps)
     finally:
-        admin(args.server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        asyncio.run(_common.drop_database(args.server, name))
 
 
 if __name__ == "__main__":
