@@ -57,8 +57,7 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -87,8 +86,9 @@ HISTORY_LENGTH = 100
 # (default_transaction_read_only on the role, the database or the URL) would
 # keep the lock from a healthy node elsewhere while every branch fails.
 WRITABLE_SQL = "(NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off')"
-# A try that fails also names the holder (in the same round trip), so a
-# follower can say who leads; the MATERIALIZED attempt runs once, first.
+# A try that fails also reads the holder's pid from pg_locks (same round
+# trip, no pg_stat_activity scan on every poll: HOLDER_SQL names the session
+# only when the pid changed); the MATERIALIZED attempt runs once, first.
 TRY_LOCK_SQL = f"""
     WITH attempt AS MATERIALIZED (
         SELECT pg_is_in_recovery() AS in_recovery,
@@ -96,15 +96,11 @@ TRY_LOCK_SQL = f"""
                CASE WHEN {WRITABLE_SQL} THEN pg_try_advisory_lock($1) ELSE false END AS acquired,
                pg_backend_pid() AS backend_pid
     )
-    SELECT attempt.*,
-           holder.pid AS holder_pid,
-           holder.application_name AS holder_application_name,
-           holder.client_addr AS holder_client_addr
+    SELECT attempt.*, holder.pid AS holder_pid
     FROM attempt
     LEFT JOIN LATERAL (
-        SELECT l.pid, a.application_name, host(a.client_addr) AS client_addr
+        SELECT l.pid
         FROM pg_locks AS l
-        LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
         WHERE NOT attempt.acquired
           AND l.locktype = 'advisory'
           AND l.granted
@@ -114,6 +110,11 @@ TRY_LOCK_SQL = f"""
           AND l.objsubid = 1
         LIMIT 1
     ) AS holder ON true
+"""
+HOLDER_SQL = """
+    SELECT application_name, host(client_addr) AS client_addr
+    FROM pg_stat_activity
+    WHERE pid = $1
 """
 #: Errors retry after this, doubling up to MAX_ERROR_BACKOFF (or the election
 #: interval if shorter): a failover or a restart is led again within about a
@@ -278,8 +279,8 @@ class LeaderElector:
         self._release_heard = trio.Event()
         #: The election connection that LISTENs for release notices (a standby's does not).
         self._listening_on: Connection | None = None
-        #: The lock holder this follower last said leads: (pid, application_name).
-        self._leader_seen: tuple[int, str | None] | None = None
+        #: The backend pid of the lock holder this follower last said leads.
+        self._leader_seen: int | None = None
         #: Set by resign() while leading; the term ends and the lock is released.
         self._resign_requested = trio.Event()
 
@@ -369,25 +370,29 @@ class LeaderElector:
             # promotion in place and polls on.
             await conn.close()
             return None, False
-        if not row["acquired"]:
-            self._note_leader(row)
+        if not row["acquired"] and row["holder_pid"] != self._leader_seen:
+            await self._note_leader(conn, row["holder_pid"])
         return conn, bool(row["acquired"])
 
-    def _note_leader(self, row: Mapping[str, Any]) -> None:
+    async def _note_leader(self, conn: Connection, holder_pid: int | None) -> None:
         """One line on becoming a follower and one each time the leader
         changes, naming the session that holds the lock (a follower is
         otherwise silent for as long as it follows)."""
-        if row["holder_pid"] is None:
+        if holder_pid is None:
             return  # free between two tries (a release, a crash): the next try says
-        seen = (row["holder_pid"], row["holder_application_name"])
-        if seen == self._leader_seen:
-            return
-        self._leader_seen = seen
+        self._leader_seen = holder_pid
+        try:
+            session = await conn.fetchrow(HOLDER_SQL, holder_pid)
+        except DatabaseError as exc:
+            log.debug("could not name the lock holder %d: %s", holder_pid, exc)
+            session = None
+        application_name = session["application_name"] if session else None
+        client_addr = session["client_addr"] if session else None
         log.info(
             "following: the maintenance lock is held by backend pid %d (application_name %s, from %s)",
-            row["holder_pid"],
-            repr(row["holder_application_name"]) if row["holder_application_name"] else "not visible",
-            row["holder_client_addr"] or "a local socket or not visible",
+            holder_pid,
+            repr(application_name) if application_name else "not visible",
+            client_addr or "a local socket or not visible",
         )
 
     def _note_writability(self, reason: str | None) -> None:

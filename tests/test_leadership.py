@@ -227,7 +227,10 @@ class ElectionRecorder:
     async def fetch(self, sql: str, *args):
         self.attempts.append((trio.current_time(), "lock taken"))
         return [{"in_recovery": False, "read_only": False, "acquired": False, "backend_pid": 1,
-                 "holder_pid": 2, "holder_application_name": "elsewhere", "holder_client_addr": None}]
+                 "holder_pid": 2}]
+
+    async def fetchrow(self, sql: str, *args):
+        return {"application_name": "elsewhere", "client_addr": None}
 
     server_address = "recorder:5432"
 
