@@ -113,9 +113,8 @@ class _OneLineErrorParser(argparse.ArgumentParser):
             name, has_value, _ = token.partition("=")
             action = known.get(name)
             if action is None:
-                longs = sorted(option for option in known if option.startswith("--"))
-                close = difflib.get_close_matches(name, longs, n=1, cutoff=0.6)
-                hint = f"; did you mean {close[0]}?" if close else " (see --help)"
+                near = _nearest(name, sorted(option for option in known if option.startswith("--")))
+                hint = f"; did you mean {near}?" if near else " (see --help)"
                 self.exit(EXIT_USAGE, f"awa_trio: invalid configuration: unknown option {name}{hint}\n")
             takes_value = action.nargs != 0 and not has_value
 
