@@ -98,20 +98,56 @@ def next_tick_after(previous_tick: float, interval: float, now: float) -> float:
     return next_tick
 
 
-async def run_branch(spec: BranchSpec, ctx: MaintenanceContext, tracker: TrackerClient) -> None:
-    """Tick forever (until cancelled): ask the tracker, run the body, report."""
-    CURRENT_BRANCH.set(spec.name)
-    tick = trio.current_time()
-    if not spec.run_immediately:
-        tick += spec.interval
+class BranchSlot:
+    """A running branch's current spec and context, and whether it is paused.
+
+    The term swaps them on a live reload (:meth:`update`) and the actor picks
+    them up at its next tick, keeping its grid anchor, its tracker state and
+    the lock; a changed interval wakes it to re-plan that tick at once.
+    """
+
+    def __init__(self, spec: BranchSpec, ctx: MaintenanceContext):
+        self.spec = spec
+        self.ctx = ctx
+        #: A paused branch keeps its timer but runs no body (resume: next tick).
+        self.paused = False
+        #: Cancelled when a reload disables the branch.
+        self.cancel_scope = trio.CancelScope()
+        #: Set (and replaced) by every update: wakes the actor to re-plan.
+        self.updated = trio.Event()
+
+    def update(self, spec: BranchSpec, ctx: MaintenanceContext) -> None:
+        self.spec, self.ctx = spec, ctx
+        self.updated.set()
+        self.updated = trio.Event()
+
+
+async def run_branch(
+    spec: BranchSpec, ctx: MaintenanceContext, tracker: TrackerClient, slot: BranchSlot | None = None
+) -> None:
+    """Tick forever (until cancelled): ask the tracker, run the body, report.
+    With a ``slot``, the spec and context are read from it at every tick."""
+    slot = slot or BranchSlot(spec, ctx)
+    CURRENT_BRANCH.set(slot.spec.name)
+    anchor = trio.current_time()
+    tick = anchor if slot.spec.run_immediately else anchor + slot.spec.interval
     while True:
-        await trio.sleep_until(tick)
-        decision = await tracker.begin_tick(spec.name, spec.interval, cooldown=spec.cooldown)
-        if decision.run:
-            started = trio.current_time()
-            outcome = await run_body(spec, ctx)
-            await tracker.finish_tick(spec.name, trio.current_time() - started, error=outcome.error)
-        tick = next_tick_after(tick, spec.interval, trio.current_time())
+        updated = slot.updated
+        with trio.move_on_at(tick):
+            await updated.wait()
+        if updated.is_set():
+            # Reloaded: the next tick follows the new interval from the last one.
+            tick = anchor + slot.spec.interval
+            continue
+        spec = slot.spec
+        if not slot.paused:
+            decision = await tracker.begin_tick(spec.name, spec.interval, cooldown=spec.cooldown)
+            if decision.run:
+                started = trio.current_time()
+                outcome = await run_body(spec, slot.ctx)
+                await tracker.finish_tick(spec.name, trio.current_time() - started, error=outcome.error)
+        anchor = tick
+        tick = next_tick_after(tick, slot.spec.interval, trio.current_time())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +195,7 @@ async def supervise_branch(
     ctx: MaintenanceContext,
     tracker: TrackerClient,
     *,
+    slot: BranchSlot | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a branch, restarting it after a crash with bounded intensity."""
@@ -168,7 +205,7 @@ async def supervise_branch(
     task_status.started()
     while True:
         try:
-            await run_branch(spec, ctx, tracker)
+            await run_branch(spec, ctx, tracker, slot)
         except Exception as exc:
             now = trio.current_time()
             crashes.append(now)

@@ -47,7 +47,8 @@ from .cron import (
 from .db import DatabaseError, sole_exception
 from .errors import AwaTrioError, ConfigError, UnsupportedSchema
 from .grants import DEFAULT_ROLE
-from .http_api import parse_address, prometheus_meter_provider
+from .http_api import parse_address, parse_admin_address, prometheus_meter_provider
+from .live import ReloadRequest
 from .logs import LOG_FORMATS, configure_logging, redact_url, secrets_of
 from .schema import migrate
 from .service import MaintenanceService
@@ -57,7 +58,7 @@ log = logging.getLogger("awa_trio")
 
 DEFAULT_DATABASE_URL = "postgresql://localhost:5432/awa"
 ENV_PREFIX = "AWA_"
-COMMANDS = ("run", "migrate", "status", "demo", "grants", "doctor")
+COMMANDS = ("run", "migrate", "status", "demo", "grants", "doctor", "resign")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 #: The CLI's promise, printed at the end of ``--help``.
 EXIT_CODES = (
@@ -71,7 +72,9 @@ EXIT_CODES = (
 )
 #: Tables and keys a --config file may hold at its top level.
 FILE_TABLES = ("maintenance", "queue_retention", "dlq_policy", "periodic_jobs")
-FILE_KEYS = ("database_url", "lock_database_url", "metrics_addr")
+FILE_KEYS = ("database_url", "lock_database_url", "metrics_addr", "admin_addr")
+#: How long ``resign`` waits for another session to hold the lock.
+DEFAULT_RESIGN_TIMEOUT = 10.0
 
 
 def env_name(field_name: str) -> str:
@@ -140,7 +143,8 @@ def build_parser() -> _OneLineErrorParser:
         "status: report leadership and backlog from the database; "
         "demo: a throwaway PostgreSQL with a small workload; "
         "grants: print the GRANT statements of a least-privilege maintenance role for this database; "
-        "doctor: check this database for a leader (exit 0 healthy, 1 warnings, 2 critical)",
+        "doctor: check this database for a leader (exit 0 healthy, 1 warnings, 2 critical); "
+        "resign: make the awa_trio leader hand over to a follower now (exit 0 once another holds the lock)",
     )
     parser.add_argument(
         "--database-url",
@@ -164,6 +168,18 @@ def build_parser() -> _OneLineErrorParser:
         metavar="HOST:PORT",
         help="serve Prometheus /metrics and /livez, /readyz, /status on this address "
         "(env AWA_METRICS_ADDR; default off)",
+    )
+    parser.add_argument(
+        "--admin-addr",
+        metavar="[HOST:]PORT",
+        help="serve the admin routes (POST /reload, /resign, /branches/NAME/pause|resume) on this "
+        "address, loopback unless HOST says otherwise (env AWA_ADMIN_ADDR; default off); SIGHUP "
+        "reloads and SIGUSR1 resigns without it",
+    )
+    parser.add_argument(
+        "--timeout",
+        metavar="DURATION",
+        help=f"resign: how long to wait for a follower to take the lock (default {DEFAULT_RESIGN_TIMEOUT:g}s)",
     )
     parser.add_argument("--json", action="store_true", help="status, doctor: print JSON instead of text")
     parser.add_argument(
@@ -367,6 +383,10 @@ class Invocation:
     demo_duration: float | None = None
     grants_role: str = DEFAULT_ROLE
     lock_database_url: str | None = None
+    admin_addr: str | None = None
+    resign_timeout: float = DEFAULT_RESIGN_TIMEOUT
+    #: The argv this came from, so a reload (SIGHUP) can resolve it again.
+    argv: tuple[str, ...] | None = None
 
 
 def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> Invocation:
@@ -459,6 +479,15 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     metrics_addr = args.metrics_addr or environ.get("AWA_METRICS_ADDR") or document.get("metrics_addr")
     if metrics_addr:
         parse_address(metrics_addr)
+    admin_addr = args.admin_addr or environ.get("AWA_ADMIN_ADDR") or document.get("admin_addr")
+    if admin_addr:
+        admin_addr = str(admin_addr)
+        parse_admin_address(admin_addr)
+    resign_timeout = DEFAULT_RESIGN_TIMEOUT
+    if args.timeout is not None:
+        resign_timeout = parse_duration(args.timeout, field="--timeout")
+        if not resign_timeout > 0:
+            raise ConfigError(f"--timeout must be > 0, not {args.timeout!r}")
     demo_duration = None
     if args.duration is not None:
         demo_duration = parse_duration(args.duration, field="--duration")
@@ -474,6 +503,9 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         demo_duration=demo_duration,
         grants_role=DEFAULT_ROLE if args.role is None else args.role,
         lock_database_url=lock_database_url or None,
+        admin_addr=admin_addr or None,
+        resign_timeout=resign_timeout,
+        argv=None if argv is None else tuple(argv),
         command=args.command,
         database_url=database_url,
         config=config,
@@ -506,6 +538,7 @@ def config_as_json(config: MaintenanceConfig, invocation: Invocation | None = No
             database_url=redact(invocation.database_url),
             lock_database_url=redact(invocation.lock_database_url) if invocation.lock_database_url else None,
             metrics_addr=invocation.metrics_addr,
+            admin_addr=invocation.admin_addr,
             log_level=invocation.log_level,
             log_format=invocation.log_format,
             periodic_jobs=_encode(list(invocation.periodic_jobs)),
@@ -516,8 +549,9 @@ def config_as_json(config: MaintenanceConfig, invocation: Invocation | None = No
 
 def build_service(invocation: Invocation, *, with_metrics: bool = True) -> MaintenanceService:
     """The service ``run`` starts; ``--print-config`` builds it too, so both
-    refuse the same settings."""
-    return MaintenanceService(
+    refuse the same settings. Its reload source resolves the same flags
+    again, with the config file and environment as they are then."""
+    service = MaintenanceService(
         invocation.database_url,
         invocation.config,
         disabled_branches=invocation.disabled_branches,
@@ -525,6 +559,35 @@ def build_service(invocation: Invocation, *, with_metrics: bool = True) -> Maint
         meter_provider=prometheus_meter_provider() if with_metrics and invocation.metrics_addr else None,
         http_address=invocation.metrics_addr,
         lock_database_url=invocation.lock_database_url,
+        admin_address=invocation.admin_addr,
+    )
+    service.reload_source = lambda: reload_request(invocation)
+    return service
+
+
+#: Invocation fields a running service cannot change: a reload that changes
+#: them says a restart is needed.
+RESTART_ONLY_INVOCATION_FIELDS = (
+    "database_url",
+    "lock_database_url",
+    "metrics_addr",
+    "admin_addr",
+    "log_level",
+    "log_format",
+)
+
+
+def reload_request(started: Invocation) -> ReloadRequest:
+    """The settings as ``started``'s flags, the environment and the config
+    file give them now (ConfigError if they no longer make sense)."""
+    now = resolve(started.argv if started.argv is not None else sys.argv[1:])
+    return ReloadRequest(
+        config=now.config,
+        disabled_branches=now.disabled_branches,
+        periodic_jobs=now.periodic_jobs,
+        restart_only=tuple(
+            name for name in RESTART_ONLY_INVOCATION_FIELDS if getattr(now, name) != getattr(started, name)
+        ),
     )
 
 
@@ -534,17 +597,28 @@ def redact(url: str) -> str:
 
 
 async def serve(service: MaintenanceService) -> None:
-    """Run until SIGINT or SIGTERM, then stop gracefully."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    """Run until SIGINT or SIGTERM, then stop gracefully; SIGHUP reloads the
+    settings, SIGUSR1 resigns leadership."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1) as signals:
         async with trio.open_nursery() as nursery:
 
-            async def stop_on_signal() -> None:
+            async def on_signals() -> None:
                 async for signum in signals:
-                    log.info("received %s; releasing leadership and stopping", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel(reason=f"{signal.Signals(signum).name} received")
-                    return
+                    name = signal.Signals(signum).name
+                    if signum == signal.SIGHUP:
+                        log.info("received SIGHUP; reloading the settings")
+                        service.reload()
+                    elif signum == signal.SIGUSR1:
+                        if service.resign():
+                            log.info("received SIGUSR1; resigning leadership")
+                        else:
+                            log.info("received SIGUSR1; not the leader, nothing to resign")
+                    else:
+                        log.info("received %s; releasing leadership and stopping", name)
+                        nursery.cancel_scope.cancel(reason=f"{name} received")
+                        return
 
-            nursery.start_soon(stop_on_signal)
+            nursery.start_soon(on_signals)
             await service.run()
 
 
@@ -600,6 +674,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .doctor import run_doctor
 
             return trio.run(run_doctor, url, invocation.json_output, invocation.config)
+        if invocation.command == "resign":
+            from .control import request_resign
+
+            return trio.run(request_resign, url, invocation.resign_timeout)
         if invocation.command == "grants":
             from .grants import print_grants
 

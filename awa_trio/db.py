@@ -463,14 +463,14 @@ class Connection:
         closed: bool = self._raw.is_closed()
         return closed
 
-    async def listen(self, channel: str, callback: Callable[[], None]) -> None:
-        """LISTEN on ``channel``; ``callback`` runs in Trio (soon after) for
-        every notification that arrives while the connection is idle."""
+    async def listen(self, channel: str, callback: Callable[[str], None]) -> None:
+        """LISTEN on ``channel``; ``callback(payload)`` runs in Trio (soon
+        after) for every notification that arrives while the connection is idle."""
         token = trio.lowlevel.current_trio_token()
 
-        def on_notification(_conn: Any, _pid: int, _channel: str, _payload: str) -> None:
+        def on_notification(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
             try:
-                token.run_sync_soon(callback)
+                token.run_sync_soon(callback, payload)
             except trio.RunFinishedError:
                 pass
 

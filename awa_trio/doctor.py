@@ -349,7 +349,7 @@ async def check_notify(db: Database, timeout: float = NOTIFY_TIMEOUT) -> Finding
     try:
         conn = await db.connect_dedicated(application_name="awa_trio doctor listen")
         try:
-            await conn.listen(channel, arrived.set)
+            await conn.listen(channel, lambda _payload: arrived.set())
             await db.execute("SELECT pg_notify($1, '')", channel)
             with trio.move_on_after(timeout):
                 await arrived.wait()

@@ -15,7 +15,18 @@ its Trio worker) inside the caller's nursery, so it stops with the service:
   branch the tracker actor's snapshot (last run, duration, error, cooldown,
   prune backoff), plus the hook queue depth.
 
-A small hand-written ASGI app: three routes need no framework.
+Nothing there changes the running service: it answers GET and HEAD only.
+What does (reload, resign, pause and resume) is on a second listener,
+``serve_admin(service, "127.0.0.1:9465")``, which binds to loopback unless
+told otherwise and refuses any request carrying an ``Origin`` header, so a
+web page open in a browser on the same host cannot drive it:
+
+* ``POST /reload``: re-read the config file and environment (SIGHUP does the same);
+* ``POST /resign``: hand leadership over to a follower (SIGUSR1 does the same);
+* ``POST /branches/NAME/pause`` and ``POST /branches/NAME/resume``;
+* ``GET /status``: the same document as the metrics listener's.
+
+Small hand-written ASGI apps: a handful of routes need no framework.
 """
 
 from __future__ import annotations
@@ -44,13 +55,23 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9464`` for IPv6) as (host, port)."""
+def parse_address(
+    address: str, *, setting: str = "metrics_addr", default_host: str = "0.0.0.0"
+) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9464`` for IPv6) as (host, port); an empty host
+    is ``default_host``."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"metrics_addr must be HOST:PORT, not {address!r}")
-    host = host.strip("[]") or "0.0.0.0"
+        raise ConfigError(f"{setting} must be HOST:PORT, not {address!r}")
+    host = host.strip("[]") or default_host
     return host, int(port)
+
+
+def parse_admin_address(address: str) -> tuple[str, int]:
+    """Like parse_address, but a bare ``PORT`` or ``:PORT`` binds to loopback."""
+    if address.isdigit():
+        address = f":{address}"
+    return parse_address(address, setting="admin_addr", default_host="127.0.0.1")
 
 
 def prometheus_meter_provider() -> MeterProvider:
@@ -128,6 +149,70 @@ class StatusApp:
                 return
 
 
+class AdminApp:
+    """The ASGI application of the admin listener: every route that changes
+    the running service, POST only."""
+
+    def __init__(self, service: MaintenanceService):
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await StatusApp(self.service)._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        headers = {name.lower() for name, _ in scope.get("headers", [])}
+        if b"origin" in headers:
+            # A browser's cross-site request: scripts and curl send no Origin.
+            await respond_json(send, 403, {"error": "requests from web pages are refused"})
+            return
+        method, path = scope["method"], scope["path"].rstrip("/")
+        if path == "/status" and method in ("GET", "HEAD"):
+            await respond_json(send, 200, await self.service.status())
+            return
+        route = self._route(path)
+        if route is None:
+            await respond_json(
+                send,
+                404,
+                {"error": "not found (POST /reload, /resign, /branches/NAME/pause, /branches/NAME/resume)"},
+            )
+            return
+        if method != "POST":
+            await respond_json(send, 405, {"error": f"{path} takes POST"})
+            return
+        status, body = route()
+        await respond_json(send, status, body)
+
+    def _route(self, path: str) -> Callable[[], tuple[int, dict[str, Any]]] | None:
+        if path == "/reload":
+            return self._reload
+        if path == "/resign":
+            return self._resign
+        parts = path.split("/")
+        if len(parts) == 4 and parts[1] == "branches" and parts[3] in ("pause", "resume"):
+            branch, action = parts[2], parts[3]
+            return lambda: self._pause(branch, action == "pause")
+        return None
+
+    def _reload(self) -> tuple[int, dict[str, Any]]:
+        result = self.service.reload()
+        return (200 if result.applied else 400), result.as_dict()
+
+    def _resign(self) -> tuple[int, dict[str, Any]]:
+        if self.service.resign():
+            return 200, {"resigned": True, "hold_off": self.service.config.resign_hold_off}
+        return 409, {"resigned": False, "error": "this node is not the leader"}
+
+    def _pause(self, branch: str, pause: bool) -> tuple[int, dict[str, Any]]:
+        try:
+            changed = self.service.pause(branch) if pause else self.service.resume(branch)
+        except ConfigError as exc:
+            return 404, {"error": str(exc)}
+        return 200, {"branch": branch, "paused": pause, "changed": changed}
+
+
 async def respond(send: Send, status: int, body: bytes, content_type: str) -> None:
     await send(
         {
@@ -153,12 +238,40 @@ async def serve_http(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; reports the bound addresses when listening
-    (``127.0.0.1:0`` picks a free port)."""
+    """Serve /metrics, /livez, /readyz and /status until cancelled; reports
+    the bound addresses when listening (``127.0.0.1:0`` picks a free port)."""
+    await _serve(StatusApp(service), parse_address(address), "metrics_addr", address, task_status)
+
+
+async def serve_admin(
+    service: MaintenanceService,
+    address: str,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the admin routes until cancelled (loopback unless ``address``
+    names another host)."""
+    host, port = parse_admin_address(address)
+    if not _is_loopback(host):
+        log.warning(
+            "admin_addr %s is not a loopback address: anyone who reaches it can reload, resign and "
+            "pause this node (the admin routes have no authentication)",
+            address,
+        )
+    await _serve(AdminApp(service), (host, port), "admin_addr", address, task_status)
+
+
+async def _serve(
+    app: StatusApp | AdminApp,
+    bind: tuple[str, int],
+    setting: str,
+    address: str,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
-    host, port = parse_address(address)
+    host, port = bind
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
@@ -166,14 +279,25 @@ async def serve_http(
     config.graceful_timeout = 1.0
     listening = _ListeningReport(task_status)
     try:
-        await serve(StatusApp(service), config, task_status=listening)  # type: ignore[arg-type]
+        await serve(app, config, task_status=listening)  # type: ignore[arg-type]
     except BaseException as exc:
         error = None if listening.reported else _sole_os_error(exc)
         if error is None:
             raise
         # A port in use, a host that does not resolve: one line, not a traceback.
         reason = error.strerror or str(error)
-        raise ConfigError(f"cannot listen on metrics_addr {address}: {reason}") from None
+        raise ConfigError(f"cannot listen on {setting} {address}: {reason}") from None
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _sole_os_error(exc: BaseException) -> OSError | None:

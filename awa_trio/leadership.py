@@ -126,6 +126,10 @@ MAX_ERROR_BACKOFF = 1.0
 SCHEMA_RECHECK_INTERVAL = 1.0
 #: Followers LISTEN here; a leader NOTIFYs it as it lets the lock go.
 RELEASE_CHANNEL = "awa_trio_leader_released"
+#: ``python -m awa_trio resign`` NOTIFYs ``resign <backend pid>`` here, naming
+#: the lock holder's backend: that leader resigns, every other listener
+#: ignores it (the election connection LISTENs, and leads once elected).
+CONTROL_CHANNEL = "awa_trio_control"
 # The notification is delivered when this statement's transaction ends,
 # after the unlock: a follower woken by it finds the lock free.
 UNLOCK_SQL = f"""
@@ -284,6 +288,11 @@ class LeaderElector:
         #: Set by resign() while leading; the term ends and the lock is released.
         self._resign_requested = trio.Event()
 
+    def reconfigure(self, config: MaintenanceConfig) -> None:
+        """A reload: polls, checks and hold-offs use it from their next wait
+        (the lock check's interval from the next term)."""
+        self._config = config
+
     def resign(self) -> bool:
         """Hand the lock over now (graceful release: unlock + NOTIFY) and stay a
         follower for resign_hold_off; False if this node is not leading."""
@@ -328,8 +337,16 @@ class LeaderElector:
             if candidate is not None:
                 await candidate.close()
 
-    def _on_release_notice(self) -> None:
+    def _on_release_notice(self, _payload: str) -> None:
         self._release_heard.set()
+
+    def _on_control_notice(self, payload: str) -> None:
+        command, _, target = payload.partition(" ")
+        lock = self.lock_connection
+        if command != "resign" or lock is None or target != str(lock.backend_pid):
+            return
+        log.info("resign requested through NOTIFY %s", CONTROL_CHANNEL)
+        self.resign()
 
     async def _wait_for_next_try(self) -> None:
         """One poll interval, cut short by a leader's release notice."""
@@ -354,6 +371,7 @@ class LeaderElector:
                 # A standby refuses LISTEN: its session starts listening
                 # once it is promoted (it polls meanwhile).
                 await conn.listen(RELEASE_CHANNEL, self._on_release_notice)
+                await conn.listen(CONTROL_CHANNEL, self._on_control_notice)
                 self._listening_on = conn
         except DatabaseError as exc:
             log.warning("leader election attempt failed: %s", exc)

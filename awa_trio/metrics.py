@@ -38,6 +38,8 @@ JOB_DLQ_DEPTH = "awa.job.dlq_depth"
 TRIO_LEADER = "awa_trio.leader"
 TRIO_TERM_STARTED = "awa_trio.term_started"
 TRIO_BRANCH_ERRORS = "awa_trio.branch.errors"
+TRIO_BRANCH_PAUSED = "awa_trio.branch.paused"
+TRIO_CONFIG_GENERATION = "awa_trio.config.generation"
 
 # Attribute keys.
 ATTR_BRANCH = "awa.maintenance.branch"
@@ -169,6 +171,21 @@ class MaintenanceMetrics:
             unit="s",
             description="Unix time the current leadership term started (absent while following)",
         )
+        #: Set by the service: () -> (config generation, paused per running
+        #: branch), or None while following.
+        self._live_settings: Callable[[], tuple[int, dict[str, bool]] | None] | None = None
+        meter.create_observable_gauge(
+            TRIO_BRANCH_PAUSED,
+            callbacks=[self._observe_paused],
+            unit="1",
+            description="1 while an operator has paused this branch on the leader, 0 while it runs",
+        )
+        meter.create_observable_gauge(
+            TRIO_CONFIG_GENERATION,
+            callbacks=[self._observe_generation],
+            unit="1",
+            description="Generation of the settings in force on the leader (1 at start, +1 per reload)",
+        )
         # A synchronous gauge reports its last value until told otherwise, so
         # a queue that drained or vanished would show its old lag or depth
         # forever (and an alert on it would never clear). These remember what
@@ -195,6 +212,22 @@ class MaintenanceMetrics:
             return []
         leading, started = self._leadership()
         return [otel_metrics.Observation(started)] if leading and started else []
+
+    def observe_live_settings(self, source: Callable[[], tuple[int, dict[str, bool]] | None]) -> None:
+        self._live_settings = source
+
+    def _observe_paused(self, options: object) -> Iterable[otel_metrics.Observation]:
+        reading = self._live_settings() if self._live_settings is not None else None
+        if reading is None:
+            return []
+        return [
+            otel_metrics.Observation(1 if paused else 0, {ATTR_BRANCH: branch})
+            for branch, paused in reading[1].items()
+        ]
+
+    def _observe_generation(self, options: object) -> Iterable[otel_metrics.Observation]:
+        reading = self._live_settings() if self._live_settings is not None else None
+        return [] if reading is None else [otel_metrics.Observation(reading[0])]
 
     def record_branch_overrun(self, branch: str) -> None:
         self.branch_overrun.add(1, {ATTR_BRANCH: branch})

@@ -38,6 +38,7 @@ from .db import Database, DatabaseError, open_database, sole_exception
 from .errors import AwaTrioError, ConfigError, UnsupportedSchema
 from .hooks import Hooks
 from .leadership import LeaderElector, LeadershipState
+from .live import LiveSettings, ReloadRequest, ReloadResult
 from .logs import CURRENT_TERM
 from .metrics import MaintenanceMetrics
 from .schema import (
@@ -73,22 +74,28 @@ class MaintenanceService:
         branch_factory: BranchFactory = default_branches,
         http_address: str | None = None,
         lock_database_url: str | None = None,
+        admin_address: str | None = None,
     ):
         self.database_url = database_url
         #: A URL that reaches the server directly, for the leader lock (and
         #: the batch runner's lock) when database_url goes through a
         #: transaction-mode pooler; None: database_url for everything.
         self.lock_database_url = lock_database_url
-        self.config = config or MaintenanceConfig()
         self.metrics = MaintenanceMetrics(meter_provider)
         #: Rescue side effects (awa_trio.hooks.Hooks); its dispatcher actor runs
         #: in the service's nursery so handlers outlive leadership changes.
         self.hooks = hooks
-        #: Validated at construction: a bad schedule fails here, naming it.
-        self.periodic_jobs = validate_periodic_jobs(periodic_jobs)
         self._extra_branches = tuple(extra_branches)
-        self._disabled_branches = frozenset(disabled_branches)
         self._branch_factory = branch_factory
+        #: The reloadable settings (config, disabled branches, periodic jobs)
+        #: and the paused branches; periodic jobs are validated here, so a bad
+        #: schedule fails at construction, naming it.
+        self.live = LiveSettings(
+            config or MaintenanceConfig(), disabled_branches, validate_periodic_jobs(periodic_jobs)
+        )
+        #: Where reload() reads new settings from (the CLI sets it to re-read
+        #: the config file and environment); None: reload() has no source.
+        self.reload_source: Callable[[], ReloadRequest] | None = None
         self._state = LeadershipState()
         self._scope: trio.CancelScope | None = None
         self._elector: LeaderElector | None = None
@@ -100,13 +107,41 @@ class MaintenanceService:
         self.http_address = http_address
         #: Where that server listens once started (port 0 resolved).
         self.http_urls: list[str] = []
+        #: ``HOST:PORT`` (or ``PORT``, loopback) of the admin listener: reload,
+        #: resign, pause and resume over HTTP (None: no listener).
+        self.admin_address = admin_address
+        self.admin_urls: list[str] = []
         self._db: Database | None = None
         self._tracker: TrackerClient | None = None
         self._term = 0
         self._term_started_at: float | None = None
         self.metrics.observe_leadership(lambda: (self.is_leader, self._term_started_at))
+        self.metrics.observe_live_settings(self._live_settings_reading)
 
     # -- state the embedding application can read --------------------------
+
+    @property
+    def config(self) -> MaintenanceConfig:
+        """The settings in force (the latest generation a reload applied)."""
+        return self.live.config
+
+    @property
+    def periodic_jobs(self) -> tuple[PeriodicJob, ...]:
+        return self.live.periodic_jobs
+
+    @property
+    def config_generation(self) -> int:
+        return self.live.generation
+
+    @property
+    def paused_branches(self) -> frozenset[str]:
+        return frozenset(self.live.paused)
+
+    def _live_settings_reading(self) -> tuple[int, dict[str, bool]] | None:
+        """(generation, paused per running branch) for the gauges while leading."""
+        if not self.is_leader:
+            return None
+        return self.live.generation, {spec.name: spec.name in self.live.paused for spec in self.branches}
 
     @property
     def is_leader(self) -> bool:
@@ -158,7 +193,9 @@ class MaintenanceService:
             with trio.move_on_after(1.0):
                 branches = await tracker.snapshot()
         for spec in self.branches if self.is_leader else ():
-            branches.setdefault(spec.name, {})["interval"] = spec.interval
+            branch = branches.setdefault(spec.name, {})
+            branch["interval"] = spec.interval
+            branch["paused"] = spec.name in self.live.paused
         return {
             "role": "leader" if self.is_leader else "follower",
             "alive": self.is_alive,
@@ -171,6 +208,8 @@ class MaintenanceService:
             "schema_version": schema.version if schema else None,
             "engine": schema.engine if schema else None,
             "transition_state": schema.state if schema else None,
+            "config_generation": self.live.generation,
+            "paused_branches": sorted(self.live.paused),
             "branches": branches,
             "hook_queue_depth": self.hooks.queue_depth() if self.hooks is not None else None,
         }
@@ -179,6 +218,96 @@ class MaintenanceService:
         """Hand leadership over to a follower at once (for deploys) and stay a
         follower for config.resign_hold_off; False if not leading."""
         return self._elector is not None and self._elector.resign()
+
+    def reconfigure(
+        self,
+        config: MaintenanceConfig,
+        *,
+        disabled_branches: Sequence[str] | None = None,
+        periodic_jobs: Sequence[PeriodicJob] | None = None,
+        restart_only: Sequence[str] = (),
+    ) -> ReloadResult:
+        """Apply new settings without a restart: the leader's branches take
+        them at their next tick, keeping the lock and tracker state.
+        Disabled branches and periodic jobs stay as they are unless given.
+        Raises ConfigError (and keeps the old settings) if they are invalid;
+        ``restart_only`` names further settings the caller could not apply."""
+        live = self.live
+        disabled = frozenset(live.disabled_branches if disabled_branches is None else disabled_branches)
+        jobs = live.periodic_jobs if periodic_jobs is None else validate_periodic_jobs(periodic_jobs)
+        self._check_disabled_branches(SchemaInfo(SUPPORTED_SCHEMA_VERSIONS[-1], CANONICAL), disabled, config)
+        changed, kept = live.replace(config, disabled, jobs)
+        kept = tuple(kept) + tuple(restart_only)
+        if self._elector is not None:
+            self._elector.reconfigure(live.config)
+        if changed:
+            log.info("config generation %d applied: %s changed", live.generation, ", ".join(changed))
+        if kept:
+            log.warning(
+                "config reload: %s changed but take effect only at a restart (the running values stay)",
+                ", ".join(kept),
+            )
+        if not changed and not kept:
+            log.info("config reload: nothing changed (generation %d)", live.generation)
+        return ReloadResult(applied=True, generation=live.generation, changed=changed, restart_only=kept)
+
+    def reload(self) -> ReloadResult:
+        """Re-read the settings from ``reload_source`` (SIGHUP, the admin
+        endpoint) and apply them; an invalid source keeps the old settings and
+        logs one line saying why."""
+        try:
+            if self.reload_source is None:
+                raise ConfigError(
+                    "this service has no config source to reload from (embedded: call reconfigure)"
+                )
+            request = self.reload_source()
+            return self.reconfigure(
+                request.config,
+                disabled_branches=request.disabled_branches,
+                periodic_jobs=request.periodic_jobs,
+                restart_only=request.restart_only,
+            )
+        except ConfigError as exc:
+            log.error("config reload refused, keeping generation %d: %s", self.live.generation, exc)
+            return ReloadResult(applied=False, generation=self.live.generation, error=str(exc))
+
+    def known_branch_names(self) -> frozenset[str]:
+        """Every branch name on any engine (what pause and disabled_branches accept)."""
+        known = {spec.name for spec in self._extra_branches}
+        for version in SUPPORTED_SCHEMA_VERSIONS:
+            for probe in (
+                SchemaInfo(version, CANONICAL),
+                SchemaInfo(version, QUEUE_STORAGE, STATE_ACTIVE),
+                SchemaInfo(version, QUEUE_STORAGE, STATE_MIXED_TRANSITION),
+            ):
+                known |= {spec.name for spec in self._branch_factory(self.config, probe)}
+        return frozenset(known)
+
+    def pause(self, branch: str) -> bool:
+        """Stop running one branch's bodies from its next tick, until
+        resume(); this node only, kept across terms. False if already paused."""
+        self._check_branch_name(branch)
+        if branch in self.live.paused:
+            return False
+        self.live.paused.add(branch)
+        self.live.notify()
+        log.warning("%s: paused (resume to run it again)", branch)
+        return True
+
+    def resume(self, branch: str) -> bool:
+        """Run a paused branch again from its next tick; False if not paused."""
+        self._check_branch_name(branch)
+        if branch not in self.live.paused:
+            return False
+        self.live.paused.discard(branch)
+        self.live.notify()
+        log.info("%s: resumed", branch)
+        return True
+
+    def _check_branch_name(self, branch: str) -> None:
+        known = self.known_branch_names()
+        if branch not in known:
+            raise ConfigError(f"no branch named {branch!r} (known: {', '.join(sorted(known))})")
 
     def stop(self) -> None:
         """Ask run() to return: branches are cancelled, the lock released."""
@@ -208,19 +337,27 @@ class MaintenanceService:
     # -- the service ---------------------------------------------------------
 
     def _select_branches(self, schema: SchemaInfo) -> tuple[BranchSpec, ...]:
-        branches = list(self._branch_factory(self.config, schema)) + list(self._extra_branches)
-        return tuple(spec for spec in branches if spec.name not in self._disabled_branches)
+        live = self.live
+        branches = list(self._branch_factory(live.config, schema)) + list(self._extra_branches)
+        return tuple(spec for spec in branches if spec.name not in live.disabled_branches)
 
-    def _check_disabled_branches(self, schema: SchemaInfo) -> None:
+    def _check_disabled_branches(
+        self,
+        schema: SchemaInfo,
+        disabled: frozenset[str] | None = None,
+        config: MaintenanceConfig | None = None,
+    ) -> None:
         """Names must exist on some engine: the set can change while running."""
+        disabled = self.live.disabled_branches if disabled is None else disabled
+        config = config or self.config
         known = {spec.name for spec in self._extra_branches}
         for probe in (
             SchemaInfo(schema.version, CANONICAL),
             SchemaInfo(schema.version, QUEUE_STORAGE, STATE_ACTIVE),
             SchemaInfo(schema.version, QUEUE_STORAGE, STATE_MIXED_TRANSITION),
         ):
-            known |= {spec.name for spec in self._branch_factory(self.config, probe)}
-        unknown = sorted(self._disabled_branches - known)
+            known |= {spec.name for spec in self._branch_factory(config, probe)}
+        unknown = sorted(disabled - known)
         if unknown:
             raise ConfigError(
                 f"disabled_branches names unknown branches: {', '.join(unknown)} "
@@ -345,6 +482,7 @@ class MaintenanceService:
                         await run_leader_term(
                             ctx,
                             self._select_branches,
+                            live=self.live,
                             on_term_start=self._on_term_start,
                             on_storage_seen=self._on_storage_seen,
                             task_status=task_status,
@@ -373,6 +511,10 @@ class MaintenanceService:
                             from .http_api import serve_http
 
                             self.http_urls = await nursery.start(serve_http, self, self.http_address)
+                        if self.admin_address is not None:
+                            from .http_api import serve_admin
+
+                            self.admin_urls = await nursery.start(serve_admin, self, self.admin_address)
                         await nursery.start(elector.run)
                         self._state.is_alive = True
                         task_status.started(self)

@@ -25,11 +25,12 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from .branch import BranchSpec, supervise_branch
+from .branch import BranchSlot, BranchSpec, supervise_branch
 from .context import MaintenanceContext
 from .db import DatabaseError
 from .errors import UnsupportedSchema
 from .grants import warn_about_missing_privileges
+from .live import LiveSettings
 from .logs import connection_recovered
 from .schema import (
     SUPPORTED_ENGINES,
@@ -69,14 +70,18 @@ async def run_leader_term(
     ctx: MaintenanceContext,
     select_branches: BranchSelector,
     *,
+    live: LiveSettings | None = None,
     on_term_start: Callable[[SchemaInfo, Sequence[BranchSpec], TrackerClient], None] | None = None,
     on_storage_seen: Callable[[SchemaInfo], None] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Lead until cancelled, one term per storage state."""
+    """Lead until cancelled, one term per storage state. With ``live``, each
+    term follows its reloads and pauses (:func:`follow_live_settings`)."""
     started = False
     while True:
         schema = await read_supported_schema(ctx)
+        if live is not None:
+            ctx = dataclasses.replace(ctx, config=live.config, periodic_jobs=live.periodic_jobs)
         term_ctx = dataclasses.replace(ctx, schema=schema)
         branches = select_branches(schema)
         try:
@@ -86,14 +91,21 @@ async def run_leader_term(
                 branch_ctx = dataclasses.replace(term_ctx, tracker=tracker)
                 if on_term_start is not None:
                     on_term_start(schema, branches, tracker)
+                slots: dict[str, BranchSlot] = {}
                 for spec in branches:
-                    await nursery.start(supervise_branch, spec, branch_ctx, tracker)
+                    slot = slots[spec.name] = BranchSlot(spec, branch_ctx)
+                    slot.paused = live is not None and spec.name in live.paused
+                    await nursery.start(run_slot, slot, tracker)
                 log.info(
                     "maintenance branches started on %s, schema version %d: %s",
                     describe_storage(schema),
                     schema.version,
                     ", ".join(spec.name for spec in branches),
                 )
+                if live is not None:
+                    nursery.start_soon(
+                        follow_live_settings, live, slots, branch_ctx, select_branches, tracker, on_term_start
+                    )
                 # Beside the branches, not before them (a takeover promotes
                 # at once): one line naming any privilege the role lacks.
                 nursery.start_soon(warn_about_missing_privileges, term_ctx.db, schema)
@@ -103,6 +115,52 @@ async def run_leader_term(
         except* StorageMoved as group:
             moved = group.exceptions[0]
             log.warning("%s; restarting the leader term with the matching branches", moved)
+
+
+async def run_slot(
+    slot: BranchSlot, tracker: TrackerClient, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """One branch actor, in a cancel scope of its own (a reload may disable it)."""
+    with slot.cancel_scope:
+        await supervise_branch(slot.spec, slot.ctx, tracker, slot=slot, task_status=task_status)
+
+
+async def follow_live_settings(
+    live: LiveSettings,
+    slots: dict[str, BranchSlot],
+    branch_ctx: MaintenanceContext,
+    select_branches: BranchSelector,
+    tracker: TrackerClient,
+    on_term_start: Callable[[SchemaInfo, Sequence[BranchSpec], TrackerClient], None] | None,
+) -> None:
+    """Apply every reload and pause to this term's branch actors in place:
+    a disabled branch is cancelled, an enabled one started, the others get
+    their new spec and context for their next tick. The tracker actor (all
+    hysteresis and prune backoff) and the lock stay as they are."""
+    generation = live.generation
+    async with trio.open_nursery() as nursery:
+        while True:
+            await live.changed.wait()
+            for name, slot in slots.items():
+                slot.paused = name in live.paused
+            if live.generation == generation:
+                continue  # a pause or resume only
+            generation = live.generation
+            ctx = dataclasses.replace(branch_ctx, config=live.config, periodic_jobs=live.periodic_jobs)
+            wanted = {spec.name: spec for spec in select_branches(ctx.schema)}
+            for name in [name for name in slots if name not in wanted]:
+                slots.pop(name).cancel_scope.cancel(reason="branch disabled by a reload")
+                log.info("%s: stopped (disabled by config generation %d)", name, generation)
+            for name, spec in wanted.items():
+                if name in slots:
+                    slots[name].update(spec, ctx)
+                    continue
+                slot = slots[name] = BranchSlot(spec, ctx)
+                slot.paused = name in live.paused
+                await nursery.start(run_slot, slot, tracker)
+                log.info("%s: started (enabled by config generation %d)", name, generation)
+            if on_term_start is not None:
+                on_term_start(ctx.schema, tuple(wanted.values()), tracker)
 
 
 async def read_supported_schema(ctx: MaintenanceContext) -> SchemaInfo:

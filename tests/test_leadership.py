@@ -295,7 +295,7 @@ async def test_a_release_notice_cuts_the_poll_wait_short(autojump_clock):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(elector.run)
         await trio.sleep(1)
-        elector._on_release_notice()  # what a leader's NOTIFY does
+        elector._on_release_notice("")  # what a leader's NOTIFY does
         await trio.sleep(7)
         nursery.cancel_scope.cancel()
     assert [round(when - began, 6) for when, _ in recorder.attempts] == [0, 1, 6]

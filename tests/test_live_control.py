@@ -48,3 +48,133 @@ async def test_resign_hands_the_lock_to_the_follower_and_the_resigner_holds_off(
                 await first.wait_until_leader()
             assert trio.current_time() - resigned_at >= config.resign_hold_off
             nursery.cancel_scope.cancel()
+
+
+FAST = MaintenanceConfig(
+    takeover_poll_interval=0.1,
+    leader_election_interval=0.2,
+    queue_stats_interval=0.05,
+    promote_interval=30.0,
+)
+
+
+async def insert_scheduled(db, due_in: float) -> int:
+    return await db.fetchval(
+        "INSERT INTO awa.scheduled_jobs (kind, queue, state, run_at) "
+        "VALUES ('live', 'live', 'scheduled', now() + make_interval(secs => $1)) RETURNING id",
+        due_in,
+    )
+
+
+async def job_state(db, job_id: int) -> str:
+    return await db.fetchval("SELECT state::text FROM awa.jobs WHERE id = $1", job_id)
+
+
+async def wait_for_state(db, job_id: int, state: str, timeout: float = 5.0) -> None:
+    with trio.fail_after(timeout):
+        while await job_state(db, job_id) != state:
+            await trio.sleep(0.02)
+
+
+async def runs_of(service, branch: str) -> int:
+    return (await service.status())["branches"].get(branch, {}).get("runs", 0)
+
+
+async def test_a_reload_changes_an_interval_at_the_next_tick_keeping_lock_term_and_tracker(db, database_url):
+    service = MaintenanceService(database_url, FAST)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(BOUND):
+            await nursery.start(service.run)
+            await service.wait_until_leader()
+            while await runs_of(service, "queue_stats") < 3:
+                await trio.sleep(0.02)
+        job_id = await insert_scheduled(db, 0.3)
+        await trio.sleep(1.0)
+        assert await job_state(db, job_id) == "scheduled"  # the next promote tick is 30 s away
+        before = await service.status()
+        lock_pid = service.lock_backend_pid
+
+        result = service.reconfigure(FAST.replace(promote_interval=0.05))
+        assert (result.applied, result.generation, result.changed) == (True, 2, ("promote_interval",))
+        await wait_for_state(db, job_id, "available", timeout=2.0)
+
+        after = await service.status()
+        assert after["config_generation"] == 2
+        assert after["branches"]["promote_scheduled"]["interval"] == 0.05
+        assert after["term"] == before["term"]
+        assert await leader_lock_holders(db) == [lock_pid]
+            # The tracker actor was not restarted: an unchanged branch keeps its count.
+        assert after["branches"]["queue_stats"]["runs"] >= before["branches"]["queue_stats"]["runs"] >= 3
+
+        # Nothing changed: same generation.
+        assert service.reconfigure(FAST.replace(promote_interval=0.05)).generation == 2
+        # Restart-only settings keep their running value and are named.
+        kept = service.reconfigure(FAST.replace(promote_interval=0.05, pool_size=3))
+        assert kept.restart_only == ("pool_size",) and service.config.pool_size == FAST.pool_size
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_reload_stops_and_starts_branches_and_refuses_unknown_names(db, database_url, caplog):
+    from awa_trio import ConfigError
+
+    caplog.set_level("INFO", logger="awa_trio")
+    service = MaintenanceService(database_url, FAST)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(BOUND):
+            await nursery.start(service.run)
+            await service.wait_until_leader()
+            while await runs_of(service, "queue_stats") < 1:  # the term is up
+                await trio.sleep(0.01)
+        service.reconfigure(FAST, disabled_branches=["queue_stats"])
+        with trio.fail_after(BOUND):  # the term applies it as soon as it is scheduled
+            while "queue_stats" in {spec.name for spec in service.branches}:
+                await trio.sleep(0.01)
+        assert "queue_stats: stopped (disabled by config generation 2)" in caplog.text
+        await trio.sleep(0.1)
+        stopped_at = await runs_of(service, "queue_stats")
+        await trio.sleep(0.4)
+        assert await runs_of(service, "queue_stats") == stopped_at
+
+        try:
+            service.reconfigure(FAST, disabled_branches=["queue_stat"])
+        except ConfigError as exc:
+            assert "unknown branches: queue_stat" in str(exc)
+        else:
+            raise AssertionError("an unknown branch name was accepted")
+        assert service.config_generation == 2
+
+        service.reconfigure(FAST, disabled_branches=[])
+        with trio.fail_after(BOUND):
+            while "queue_stats: started (enabled by config generation 3)" not in caplog.text:
+                await trio.sleep(0.01)
+        with trio.fail_after(BOUND):
+            while await runs_of(service, "queue_stats") <= stopped_at:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_paused_branch_runs_no_body_until_resumed_and_says_so(db, database_url, meter_provider, metric_reader):
+    from support.helpers import metric_points
+
+    config = FAST.replace(promote_interval=0.05)
+    service = MaintenanceService(database_url, config, meter_provider=meter_provider)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(BOUND):
+            await nursery.start(service.run)
+            await service.wait_until_leader()
+        assert service.pause("promote_scheduled")
+        assert not service.pause("promote_scheduled")
+        job_id = await insert_scheduled(db, 0.1)
+        await trio.sleep(0.8)
+        assert await job_state(db, job_id) == "scheduled"
+        status = await service.status()
+        assert status["paused_branches"] == ["promote_scheduled"]
+        assert status["branches"]["promote_scheduled"]["paused"] is True
+        paused = {point[0]["awa.maintenance.branch"]: point[1].value for point in metric_points(metric_reader, "awa_trio.branch.paused")}
+        assert paused["promote_scheduled"] == 1 and paused["queue_stats"] == 0
+
+        assert service.resume("promote_scheduled")
+        await wait_for_state(db, job_id, "available", timeout=2.0)
+        paused = {point[0]["awa.maintenance.branch"]: point[1].value for point in metric_points(metric_reader, "awa_trio.branch.paused")}
+        assert paused["promote_scheduled"] == 0
+        nursery.cancel_scope.cancel()
