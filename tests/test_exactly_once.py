@@ -72,7 +72,34 @@ async def produce(client, inserted: Inserted, *, seconds: float = SECONDS) -> No
         await trio.sleep_until(start + (tick + 1) * TICK)
 
 
-async def run_load(database_url: str, client, *, role: str) -> tuple:
+async def churn_settings(service: MaintenanceService, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Reload and pause while the load runs (issue 18 part 4): promotion,
+    rotation and rescue cadences change, a rescue is disabled and enabled,
+    promotion paused for a moment, every 0.4 s."""
+    task_status.started()
+    step = 0
+    try:
+        while True:
+            await trio.sleep(0.4)
+            step += 1
+            service.reconfigure(
+                CONFIG.replace(
+                    promote_interval=(0.1, 0.05, 0.2)[step % 3],
+                    queue_rotate_interval=(0.2, 0.3)[step % 2],
+                    lease_rotate_interval=(0.1, 0.15)[step % 2],
+                ),
+                disabled_branches=["rescue_stale_heartbeats"] if step % 4 == 1 else [],
+            )
+            if step % 5 == 0:
+                service.pause("promote_scheduled")
+                await trio.sleep(0.3)
+                service.resume("promote_scheduled")
+    finally:
+        service.resume("promote_scheduled")
+        service.reconfigure(CONFIG, disabled_branches=[])
+
+
+async def run_load(database_url: str, client, *, role: str, churn: bool = False) -> tuple:
     async with open_database(database_url) as db:
         await db.execute(CREATE_LEDGER_SQL)
         inserted = Inserted()
@@ -84,7 +111,14 @@ async def run_load(database_url: str, client, *, role: str) -> tuple:
             worker = await trio.lowlevel.open_process(
                 worker_command(database_url, QUEUES, role=role), stdout=subprocess.DEVNULL)
             try:
-                await produce(client, inserted)
+                if churn:
+                    async with trio.open_nursery() as churning:
+                        await churning.start(churn_settings, service)
+                        await produce(client, inserted)
+                        churning.cancel_scope.cancel()
+                    assert service.config_generation > 20
+                else:
+                    await produce(client, inserted)
                 expected = inserted.expected_total()
                 # Drain: every expected run is in the ledger (cheap to ask),
                 # then nothing is live (the awa.jobs view: asked less often).
@@ -124,3 +158,14 @@ async def test_canonical_runs_every_job_exactly_once_while_retries_are_promoted(
     assert verdict.inserted > 3500
     assert verdict.exactly_once, verdict.describe()
     assert [dict(row) for row in live] == []
+
+
+async def test_queue_storage_runs_every_job_exactly_once_while_settings_are_reloaded_and_paused(
+    qs_database_url, qs_awa_client
+):
+    verdict, live, violations = await run_load(qs_database_url, qs_awa_client, role="auto", churn=True)
+
+    assert verdict.inserted > 3500
+    assert verdict.exactly_once, verdict.describe()
+    assert [dict(row) for row in live] == []
+    assert violations == []

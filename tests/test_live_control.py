@@ -7,11 +7,22 @@ Every wait is bounded with trio.fail_after.
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
 import trio
 from support.helpers import leader_lock_holders
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.db import open_database
+from awa_trio.leadership import LOCK_KEY
 
 BOUND = 10.0
 
@@ -178,3 +189,154 @@ async def test_a_paused_branch_runs_no_body_until_resumed_and_says_so(db, databa
         paused = {point[0]["awa.maintenance.branch"]: point[1].value for point in metric_points(metric_reader, "awa_trio.branch.paused")}
         assert paused["promote_scheduled"] == 0
         nursery.cancel_scope.cancel()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def http(method: str, url: str, headers: dict | None = None) -> tuple[int, str]:
+    """One request in a thread (urllib), bounded."""
+
+    def call() -> tuple[int, str]:
+        request = urllib.request.Request(url, method=method, headers=headers or {}, data=b"" if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    with trio.fail_after(BOUND):
+        return await trio.to_thread.run_sync(call)
+
+
+async def status_of(base: str) -> dict:
+    code, body = await http("GET", f"{base}/status")
+    assert code == 200, body
+    return json.loads(body)
+
+
+async def read_until(process, logs: list[bytes], marker: bytes, timeout: float = BOUND) -> str:
+    with trio.fail_after(timeout):
+        while marker not in b"".join(logs):
+            chunk = await process.stderr.receive_some()
+            assert chunk, b"".join(logs).decode()
+            logs.append(chunk)
+    return b"".join(logs).decode()
+
+
+def write_config(path, promote_interval: str, extra: str = "") -> None:
+    path.write_text(
+        f'[maintenance]\npromote_interval = "{promote_interval}"\nresign_hold_off = "1s"\n'
+        f'takeover_poll_interval = "100ms"\nleader_election_interval = "200ms"\n{extra}'
+    )
+
+
+async def test_sighup_reloads_sigusr1_resigns_and_only_the_admin_listener_changes_anything(db, database_url, tmp_path):
+    config_file = tmp_path / "awa_trio.toml"
+    write_config(config_file, "1s")
+    metrics, admin = f"http://127.0.0.1:{free_port()}", free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AWA_")}
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "awa_trio", "--database-url", database_url, "--config", str(config_file),
+         "--metrics-addr", metrics.removeprefix("http://"), "--admin-addr", str(admin)],
+        stderr=subprocess.PIPE, env=environ,
+    )
+    admin_url = f"http://127.0.0.1:{admin}"
+    logs: list[bytes] = []
+    try:
+        await read_until(process, logs, b"maintenance branches started")
+        lock_pid = (await status_of(metrics))["lock_backend_pid"]
+        assert (await status_of(admin_url))["config_generation"] == 1
+
+        # An invalid file keeps the running settings, with one line saying why.
+        write_config(config_file, "2s", extra='promote_intervl = "3s"\n')
+        process.send_signal(signal.SIGHUP)
+        text = await read_until(process, logs, b"config reload refused")
+        assert re.search(r"config reload refused, keeping generation 1: .*promote_intervl", text)
+        assert (await status_of(metrics))["config_generation"] == 1
+
+        write_config(config_file, "2s")
+        process.send_signal(signal.SIGHUP)
+        await read_until(process, logs, b"config generation 2 applied: promote_interval changed")
+        status = await status_of(metrics)
+        assert status["config_generation"] == 2
+        assert status["branches"]["promote_scheduled"]["interval"] == 2.0
+        assert status["lock_backend_pid"] == lock_pid == (await leader_lock_holders(db))[0]
+
+        # The same through the admin listener.
+        write_config(config_file, "3s")
+        code, body = await http("POST", f"{admin_url}/reload")
+        assert code == 200 and json.loads(body)["changed"] == ["promote_interval"], body
+
+        # Pause: shown in /status and in the metrics.
+        code, body = await http("POST", f"{admin_url}/branches/promote_scheduled/pause")
+        assert code == 200, body
+        assert (await status_of(metrics))["paused_branches"] == ["promote_scheduled"]
+        code, scrape = await http("GET", f"{metrics}/metrics")
+        assert re.search(r'awa_trio_branch_paused\{awa_maintenance_branch="promote_scheduled"[^}]*\} 1\.0', scrape)
+        assert (await http("POST", f"{admin_url}/branches/no_such_branch/pause"))[0] == 404
+        code, body = await http("POST", f"{admin_url}/branches/promote_scheduled/resume")
+        assert code == 200 and (await status_of(metrics))["paused_branches"] == []
+
+        # The metrics listener changes nothing; a web page cannot drive the admin one.
+        for path in ("/resign", "/reload", "/branches/promote_scheduled/pause"):
+            assert (await http("POST", f"{metrics}{path}"))[0] == 405
+        assert (await http("POST", f"{admin_url}/resign", {"Origin": "http://evil.example"}))[0] == 403
+        assert (await http("GET", f"{admin_url}/resign"))[0] == 405
+        assert await leader_lock_holders(db) == [lock_pid]
+
+        # SIGUSR1 resigns: the lock is released at once; after the hold-off
+        # (1 s) the node, alone, leads again on a new lock session.
+        process.send_signal(signal.SIGUSR1)
+        await read_until(process, logs, b"released maintenance leader lock")
+        with trio.fail_after(BOUND):
+            while (await leader_lock_holders(db)) in ([], [lock_pid]):
+                await trio.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with trio.move_on_after(BOUND):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+    assert process.returncode == 0
+
+
+async def test_resign_command_moves_the_lock_to_a_follower_or_says_why_not(db, database_url):
+    config = MaintenanceConfig(takeover_poll_interval=0.1, leader_election_interval=0.2, resign_hold_off=5.0)
+    first, second = MaintenanceService(database_url, config), MaintenanceService(database_url, config)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AWA_")}
+
+    async def resign(*flags: str) -> subprocess.CompletedProcess:
+        with trio.fail_after(30):
+            return await trio.run_process(
+                [sys.executable, "-m", "awa_trio", "resign", "--database-url", database_url, *flags],
+                capture_stdout=True, capture_stderr=True, check=False, env=environ,
+            )
+
+    result = await resign()
+    assert result.returncode == 3 and b"no node holds the maintenance lock" in result.stderr
+
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(BOUND):
+            await nursery.start(first.run)
+            await first.wait_until_leader()
+            await nursery.start(second.run)
+        old_pid = first.lock_backend_pid
+        result = await resign()
+        assert result.returncode == 0, result.stderr
+        assert re.match(rb"leadership moved from backend pid %d .* to backend pid \d+ " % old_pid, result.stdout)
+        assert second.is_leader and not first.is_leader
+        assert await leader_lock_holders(db) == [second.lock_backend_pid]
+        nursery.cancel_scope.cancel()
+
+    # A holder that is not awa_trio does not listen: exit 1, naming it.
+    async with open_database(database_url, pool_size=1, application_name="not awa_trio") as other:
+        async with other.acquire() as conn:
+            await conn.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)
+            result = await resign("--timeout", "500ms")
+            await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+    assert result.returncode == 1
+    assert b"did not resign within 0.5s" in result.stderr and b"'not awa_trio'" in result.stderr
