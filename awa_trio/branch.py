@@ -130,14 +130,17 @@ async def run_branch(
     slot = slot or BranchSlot(spec, ctx)
     CURRENT_BRANCH.set(slot.spec.name)
     anchor = trio.current_time()
-    tick = anchor if slot.spec.run_immediately else anchor + slot.spec.interval
+    planned = slot.spec.interval
+    tick = anchor if slot.spec.run_immediately else anchor + planned
     while True:
         updated = slot.updated
         with trio.move_on_at(tick):
             await updated.wait()
         if updated.is_set():
-            # Reloaded: the next tick follows the new interval from the last one.
-            tick = anchor + slot.spec.interval
+            if slot.spec.interval != planned:
+                # Reloaded: the next tick is on the new interval's grid from the last one.
+                planned = slot.spec.interval
+                tick = next_tick_after(anchor, planned, trio.current_time())
             continue
         spec = slot.spec
         if not slot.paused:
@@ -146,8 +149,8 @@ async def run_branch(
                 started = trio.current_time()
                 outcome = await run_body(spec, slot.ctx)
                 await tracker.finish_tick(spec.name, trio.current_time() - started, error=outcome.error)
-        anchor = tick
-        tick = next_tick_after(tick, slot.spec.interval, trio.current_time())
+        anchor, planned = tick, slot.spec.interval
+        tick = next_tick_after(tick, planned, trio.current_time())
 
 
 @dataclasses.dataclass(frozen=True)

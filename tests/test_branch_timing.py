@@ -1,6 +1,7 @@
 """Branch actor timing under trio.testing.MockClock (no database): grid ticks,
 the skipped first tick, dropped missed ticks, and the tracker's cooldown in time."""
 
+import dataclasses
 import itertools
 import types
 
@@ -102,3 +103,24 @@ async def test_tracker_records_duration_and_one_overrun_episode(autojump_clock, 
     assert [(attrs, point.value) for attrs, point in overruns] == [
         ({"awa.maintenance.branch": "timed"}, 1)
     ], "one episode, however many ticks overran"
+
+
+async def test_a_slot_update_moves_the_next_tick_to_the_new_interval_without_a_burst(autojump_clock):
+    """A reload changing the interval re-plans the next tick on the new grid
+    from the last one; one that keeps it adds no body."""
+    from awa_trio.branch import BranchSlot
+
+    spec, starts = recording_spec(10.0)
+    slot = BranchSlot(spec, CTX)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_branch, spec, CTX, AlwaysRun(), slot)
+        await trio.sleep(25)  # bodies at 10 and 20
+        slot.update(spec, CTX)
+        await trio.sleep(1)
+        assert starts == [10.0, 20.0]
+        slot.update(dataclasses.replace(spec, interval=2.0), CTX)  # at 26, on the 2 s grid from 20
+        await trio.sleep(3.5)
+        slot.update(dataclasses.replace(spec, interval=60.0), CTX)  # next at 28 + 60
+        await trio.sleep(30)
+        nursery.cancel_scope.cancel()
+    assert starts == [10.0, 20.0, 26.0, 28.0]
