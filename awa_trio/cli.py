@@ -63,12 +63,13 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 #: The CLI's promise, printed at the end of ``--help``.
 EXIT_CODES = (
     "exit codes:\n"
-    "  0  success; status: a node holds the maintenance lock; doctor: healthy\n"
+    "  0  success; status: a node holds the maintenance lock; doctor: healthy; "
+    "resign: another session holds the lock now\n"
     "  1  a runtime failure (server unreachable, unsupported schema, migration failed); "
-    "doctor: warnings\n"
+    "doctor: warnings; resign: the holder did not let go, or no follower took over\n"
     "  2  usage or configuration error (unknown flag, bad value, malformed URL or config file); "
     "doctor: critical\n"
-    f"  {EXIT_NO_LEADER}  status: no node holds the maintenance lock"
+    f"  {EXIT_NO_LEADER}  status, resign: no node holds the maintenance lock"
 )
 #: Tables and keys a --config file may hold at its top level.
 FILE_TABLES = ("maintenance", "queue_retention", "dlq_policy", "periodic_jobs")

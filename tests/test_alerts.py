@@ -43,9 +43,9 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_accepts_the_rules_and_every_rule_has_a_summary_and_runbook():
     checked = promtool("check", "rules", str(RULES))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 13 rules found" in checked.stdout
+    assert "SUCCESS: 14 rules found" in checked.stdout
     text = RULES.read_text()
-    assert text.count("summary:") == text.count("- alert:") == text.count("runbook:") == 13
+    assert text.count("summary:") == text.count("- alert:") == text.count("runbook:") == 14
 
 
 @needs_promtool
@@ -114,6 +114,7 @@ def test_the_rules_query_the_series_they_should():
         "awa_maintenance_rotate_attempts_total", "awa_maintenance_prune_attempts_total",
         "awa_queue_depth", "awa_maintenance_promote_batches_total", "awa_maintenance_rescues_total",
         "awa_job_dlq_depth", "awa_queue_lag_seconds", "awa_storage_state", "awa_storage_transition_ready",
+        "awa_trio_branch_paused",
     }
 
 

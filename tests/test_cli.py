@@ -250,7 +250,7 @@ def test_malformed_config_file(tmp_path):
      "unknown table [queue_retentions]; did you mean [queue_retention]?"),
     ('[[periodic_job]]\nname = "x"\n', "unknown table [[periodic_job]]; did you mean [[periodic_jobs]]?"),
     ('databse_url = "postgresql://localhost/awa"\n', "unknown key 'databse_url'; did you mean 'database_url'?"),
-    ('colour = "blue"\n', "unknown key 'colour' (top-level keys: database_url, lock_database_url, metrics_addr)"),
+    ('colour = "blue"\n', "unknown key 'colour' (top-level keys: database_url, lock_database_url, metrics_addr, admin_addr)"),
     ('[dlq_policy]\nenabled = true\n',
      "unknown setting 'enabled' in [dlq_policy]; did you mean 'enabled_default'?"),
     ("database_url = 5\n", "database_url must be a string"),
@@ -269,6 +269,7 @@ def test_a_config_file_with_every_table_and_key_is_accepted(tmp_path):
         'database_url = "postgresql://db/awa"\n'
         'lock_database_url = "postgresql://db-direct/awa"\n'
         'metrics_addr = "127.0.0.1:0"\n'
+        'admin_addr = "9465"\n'
         '[maintenance]\npromote-interval = "2s"\n'
         '[queue_retention.emails]\ncompleted = "1h"\n'
         '[dlq_policy]\nenabled_default = true\n'
@@ -278,6 +279,7 @@ def test_a_config_file_with_every_table_and_key_is_accepted(tmp_path):
     assert invocation.config.promote_interval == 2.0
     assert (invocation.database_url, invocation.lock_database_url, invocation.metrics_addr) == (
         "postgresql://db/awa", "postgresql://db-direct/awa", "127.0.0.1:0")
+    assert invocation.admin_addr == "9465"
     assert [job.name for job in invocation.periodic_jobs] == ["tick"]
 
 
@@ -288,7 +290,7 @@ async def test_print_config_prints_everything_the_run_uses(tmp_path):
         "--config", str(config_file), "--print-config",
         "--database-url", "postgresql://app:hunter2@db:5432/awa?sslmode=require&sslpassword=pp",
         "--lock-database-url", "postgresql://app:hunter2@db-direct/awa",
-        "--metrics-addr", "127.0.0.1:9464", "--log-format", "json",
+        "--metrics-addr", "127.0.0.1:9464", "--log-format", "json", "--admin-addr", "127.0.0.1:9465",
         "--disable-branch", "cleanup", "--periodic-job", "tick=* * * * * *;kind=tick;queue=ticks",
     )
     assert result.returncode == 0, result.stderr
@@ -297,6 +299,7 @@ async def test_print_config_prints_everything_the_run_uses(tmp_path):
     assert printed["database_url"] == "postgresql://app:***@db:5432/awa?sslmode=require&sslpassword=***"
     assert printed["lock_database_url"] == "postgresql://app:***@db-direct/awa"
     assert printed["metrics_addr"] == "127.0.0.1:9464"
+    assert printed["admin_addr"] == "127.0.0.1:9465"
     assert (printed["log_level"], printed["log_format"], printed["command"]) == ("INFO", "json", "run")
     assert printed["disabled_branches"] == ["cleanup"]
     jobs = {job["name"]: job for job in printed["periodic_jobs"]}
@@ -322,7 +325,7 @@ async def test_print_config_refuses_a_branch_name_the_run_refuses(database_url):
 async def test_help_ends_with_the_exit_codes():
     result = await run_cli("--help")
     text = result.stdout.decode()
-    assert text.rstrip().endswith("3  status: no node holds the maintenance lock"), text[-600:]
+    assert text.rstrip().endswith("3  status, resign: no node holds the maintenance lock"), text[-600:]
     for code in ("0  success", "1  a runtime failure", "2  usage or configuration error"):
         assert code in text
 

@@ -340,3 +340,17 @@ async def test_resign_command_moves_the_lock_to_a_follower_or_says_why_not(db, d
             await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
     assert result.returncode == 1
     assert b"did not resign within 0.5s" in result.stderr and b"'not awa_trio'" in result.stderr
+
+
+def test_the_admin_address_defaults_to_loopback_and_bad_ones_are_one_line():
+    import pytest
+
+    from awa_trio import ConfigError
+    from awa_trio.http_api import parse_admin_address
+
+    assert parse_admin_address("9465") == ("127.0.0.1", 9465)
+    assert parse_admin_address(":9465") == ("127.0.0.1", 9465)
+    assert parse_admin_address("[::1]:9465") == ("::1", 9465)
+    assert parse_admin_address("10.0.0.5:9465") == ("10.0.0.5", 9465)
+    with pytest.raises(ConfigError, match="admin_addr must be HOST:PORT, not 'nine'"):
+        parse_admin_address("nine")
