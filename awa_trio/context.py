@@ -11,7 +11,7 @@ from .metrics import MaintenanceMetrics
 from .schema import SchemaInfo
 
 if TYPE_CHECKING:
-    from .cron import PeriodicJob
+    from .cron.schedules import PeriodicJob
     from .hooks import Hooks
     from .tracker_actor import TrackerClient
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -43,7 +43,28 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
 
-    from .service import MaintenanceService
+    from .config import MaintenanceConfig
+    from .live import ReloadResult
+    from .schema import SchemaInfo
+
+
+class ServedService(Protocol):
+    """What the listeners read and drive (MaintenanceService is one): the
+    HTTP layer knows nothing else of the service."""
+
+    @property
+    def is_leader(self) -> bool: ...
+    @property
+    def not_leading_reason(self) -> str | None: ...
+    @property
+    def config(self) -> MaintenanceConfig: ...
+    async def check_database(self) -> SchemaInfo: ...
+    async def status(self) -> dict[str, Any]: ...
+    def reload(self) -> ReloadResult: ...
+    def resign(self) -> bool: ...
+    def pause(self, branch: str) -> bool: ...
+    def resume(self, branch: str) -> bool: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +106,7 @@ def prometheus_meter_provider() -> MeterProvider:
 class StatusApp:
     """The ASGI application."""
 
-    def __init__(self, service: MaintenanceService):
+    def __init__(self, service: ServedService):
         self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -153,7 +174,7 @@ class AdminApp:
     """The ASGI application of the admin listener: every route that changes
     the running service, POST only."""
 
-    def __init__(self, service: MaintenanceService):
+    def __init__(self, service: ServedService):
         self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -233,7 +254,7 @@ async def respond_json(send: Send, status: int, document: Any) -> None:
 
 
 async def serve_http(
-    service: MaintenanceService,
+    service: ServedService,
     address: str,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
@@ -244,7 +265,7 @@ async def serve_http(
 
 
 async def serve_admin(
-    service: MaintenanceService,
+    service: ServedService,
     address: str,
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,

@@ -20,7 +20,7 @@ import trio
 from .config import MaintenanceConfig
 
 if TYPE_CHECKING:
-    from .cron import PeriodicJob
+    from .cron.schedules import PeriodicJob
 
 #: Settings read once, when the service starts: a reload that changes them
 #: keeps the running value and says a restart is needed.
