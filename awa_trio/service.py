@@ -30,7 +30,7 @@ import trio
 from opentelemetry.metrics import MeterProvider
 
 from .branch import BranchSpec
-from .branches.registry import default_branches
+from .branches.registry import default_branches, every_branch_name
 from .config import MaintenanceConfig
 from .context import MaintenanceContext
 from .cron import PeriodicJob, validate_periodic_jobs
@@ -43,9 +43,6 @@ from .logs import CURRENT_TERM
 from .metrics import MaintenanceMetrics
 from .schema import (
     CANONICAL,
-    QUEUE_STORAGE,
-    STATE_ACTIVE,
-    STATE_MIXED_TRANSITION,
     SUPPORTED_SCHEMA_VERSIONS,
     SchemaInfo,
     check_schema,
@@ -235,7 +232,7 @@ class MaintenanceService:
         live = self.live
         disabled = frozenset(live.disabled_branches if disabled_branches is None else disabled_branches)
         jobs = live.periodic_jobs if periodic_jobs is None else validate_periodic_jobs(periodic_jobs)
-        self._check_disabled_branches(SchemaInfo(SUPPORTED_SCHEMA_VERSIONS[-1], CANONICAL), disabled, config)
+        self._check_disabled_branches(disabled, config)
         changed, kept = live.replace(config, disabled, jobs)
         kept = tuple(kept) + tuple(restart_only)
         if self._elector is not None:
@@ -271,17 +268,18 @@ class MaintenanceService:
             log.error("config reload refused, keeping generation %d: %s", self.live.generation, exc)
             return ReloadResult(applied=False, generation=self.live.generation, error=str(exc))
 
-    def known_branch_names(self) -> frozenset[str]:
-        """Every branch name on any engine (what pause and disabled_branches accept)."""
-        known = {spec.name for spec in self._extra_branches}
-        for version in SUPPORTED_SCHEMA_VERSIONS:
-            for probe in (
-                SchemaInfo(version, CANONICAL),
-                SchemaInfo(version, QUEUE_STORAGE, STATE_ACTIVE),
-                SchemaInfo(version, QUEUE_STORAGE, STATE_MIXED_TRANSITION),
-            ):
-                known |= {spec.name for spec in self._branch_factory(self.config, probe)}
-        return frozenset(known)
+    def known_branch_names(self, config: MaintenanceConfig | None = None) -> frozenset[str]:
+        """Every branch name on any engine and transition state (what pause
+        and disabled_branches accept): the registry lists them; a custom
+        branch_factory stands for the registry, with the names it runs on the
+        schema seen (the newest supported canonical one before connecting)."""
+        config = config or self.config
+        if self._branch_factory is default_branches:
+            names = set(every_branch_name(config))
+        else:
+            schema = self.schema or SchemaInfo(SUPPORTED_SCHEMA_VERSIONS[-1], CANONICAL)
+            names = {spec.name for spec in self._branch_factory(config, schema)}
+        return frozenset(names | {spec.name for spec in self._extra_branches})
 
     def pause(self, branch: str) -> bool:
         """Stop running one branch's bodies from its next tick, until
@@ -342,21 +340,11 @@ class MaintenanceService:
         return tuple(spec for spec in branches if spec.name not in live.disabled_branches)
 
     def _check_disabled_branches(
-        self,
-        schema: SchemaInfo,
-        disabled: frozenset[str] | None = None,
-        config: MaintenanceConfig | None = None,
+        self, disabled: frozenset[str] | None = None, config: MaintenanceConfig | None = None
     ) -> None:
         """Names must exist on some engine: the set can change while running."""
         disabled = self.live.disabled_branches if disabled is None else disabled
-        config = config or self.config
-        known = {spec.name for spec in self._extra_branches}
-        for probe in (
-            SchemaInfo(schema.version, CANONICAL),
-            SchemaInfo(schema.version, QUEUE_STORAGE, STATE_ACTIVE),
-            SchemaInfo(schema.version, QUEUE_STORAGE, STATE_MIXED_TRANSITION),
-        ):
-            known |= {spec.name for spec in self._branch_factory(config, probe)}
+        known = self.known_branch_names(config)
         unknown = sorted(disabled - known)
         if unknown:
             raise ConfigError(
@@ -365,19 +353,9 @@ class MaintenanceService:
             )
 
     def validate_disabled_branches(self) -> None:
-        """What the run checks at its first term, without a database: each
-        disabled name must be a branch on some engine of a supported version
-        (``--print-config`` says what the run would refuse)."""
-        error: ConfigError | None = None
-        for version in SUPPORTED_SCHEMA_VERSIONS:
-            try:
-                self._check_disabled_branches(SchemaInfo(version, CANONICAL))
-            except ConfigError as exc:
-                error = exc
-            else:
-                return
-        if error is not None:
-            raise error
+        """What the run checks at start, without a database (``--print-config``
+        says what the run would refuse)."""
+        self._check_disabled_branches()
 
     def _on_term_start(
         self, schema: SchemaInfo, branches: Sequence[BranchSpec], tracker: TrackerClient
@@ -457,7 +435,7 @@ class MaintenanceService:
                 self._db = db
                 self.schema = await check_schema(db)
                 await self._adapt_to_pooler(db)
-                self._check_disabled_branches(self.schema)
+                self._check_disabled_branches()
                 self.branches = self._select_branches(self.schema)
                 log.info(
                     "awa schema version %d, storage engine %s (%s)",

@@ -66,3 +66,15 @@ def default_branches(config: MaintenanceConfig, schema: SchemaInfo) -> list[Bran
     if schema.in_mixed_transition:
         return registry.mixed_transition_branches(config)
     return registry.queue_storage_branches(config)
+
+
+def every_branch_name(config: MaintenanceConfig) -> frozenset[str]:
+    """Every branch name on any engine and transition state: what
+    ``disabled_branches`` and pause accept (the set a leader runs changes
+    with the storage state while it runs)."""
+    from ..queue_storage import registry
+
+    names = {spec.name for spec in canonical_branches(config)}
+    names |= {spec.name for spec in registry.queue_storage_branches(config)}
+    names |= {spec.name for spec in registry.mixed_transition_branches(config)}
+    return frozenset(names)
