@@ -19,6 +19,7 @@ down and wait, not stop: it leads again once a supported schema is back.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -47,8 +48,7 @@ from .schema import (
     SchemaInfo,
     check_schema,
 )
-from .supervisor import read_supported_schema, run_leader_term
-from .tracker_actor import TrackerClient
+from .supervisor import LeaderTerm, read_supported_schema, run_leader_term
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,10 @@ class MaintenanceService:
         self._elector: LeaderElector | None = None
         #: Filled in by run() once the schema has been checked, then kept current
         #: by the leader (term starts and storage state changes).
-        self.schema: SchemaInfo | None = None
-        self.branches: tuple[BranchSpec, ...] = ()
+        self._checked_schema: SchemaInfo | None = None
+        self._first_branches: tuple[BranchSpec, ...] = ()
+        #: The latest leadership term's view (schema, branches, tracker).
+        self._leader_term: LeaderTerm | None = None
         #: ``HOST:PORT`` of the metrics/health/status server (None: no server).
         self.http_address = http_address
         #: Where that server listens once started (port 0 resolved).
@@ -109,13 +111,24 @@ class MaintenanceService:
         self.admin_address = admin_address
         self.admin_urls: list[str] = []
         self._db: Database | None = None
-        self._tracker: TrackerClient | None = None
         self._term = 0
         self._term_started_at: float | None = None
         self.metrics.observe_leadership(lambda: (self.is_leader, self._term_started_at))
         self.metrics.observe_live_settings(self._live_settings_reading)
 
     # -- state the embedding application can read --------------------------
+
+    @property
+    def schema(self) -> SchemaInfo | None:
+        """The schema as last seen: checked at start, then kept current by
+        the leader (term starts and storage state changes)."""
+        return self._leader_term.schema if self._leader_term is not None else self._checked_schema
+
+    @property
+    def branches(self) -> tuple[BranchSpec, ...]:
+        """The branches the latest term runs (before one: those the checked
+        schema selects)."""
+        return self._leader_term.branches if self._leader_term is not None else self._first_branches
 
     @property
     def config(self) -> MaintenanceConfig:
@@ -185,7 +198,7 @@ class MaintenanceService:
         """What /status shows: leadership, storage, branches, hooks."""
         schema = self.schema
         branches: dict[str, Any] = {}
-        tracker = self._tracker if self.is_leader else None
+        tracker = self._leader_term.tracker if self.is_leader and self._leader_term else None
         if tracker is not None:
             with trio.move_on_after(1.0):
                 branches = await tracker.snapshot()
@@ -357,13 +370,6 @@ class MaintenanceService:
         says what the run would refuse)."""
         self._check_disabled_branches()
 
-    def _on_term_start(
-        self, schema: SchemaInfo, branches: Sequence[BranchSpec], tracker: TrackerClient
-    ) -> None:
-        self.schema = schema
-        self.branches = tuple(branches)
-        self._tracker = tracker
-
     async def _adapt_to_pooler(self, db: Database) -> None:
         """Through a transaction-mode pooler (PgBouncer's pool_mode =
         transaction) a session-level advisory lock would stay on whichever
@@ -402,10 +408,6 @@ class MaintenanceService:
             "state; the leader lock and the batch runner's lock use lock_database_url"
         )
 
-    def _on_storage_seen(self, schema: SchemaInfo) -> None:
-        """A change that keeps the branch set (canonical -> prepared)."""
-        self.schema = schema
-
     async def run(
         self, *, task_status: trio.TaskStatus[MaintenanceService] = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -433,21 +435,22 @@ class MaintenanceService:
                 lock_timeout=self.config.lock_timeout,
             ) as db:
                 self._db = db
-                self.schema = await check_schema(db)
+                schema = self._checked_schema = await check_schema(db)
+                self._leader_term = None
                 await self._adapt_to_pooler(db)
                 self._check_disabled_branches()
-                self.branches = self._select_branches(self.schema)
+                self._first_branches = self._select_branches(schema)
                 log.info(
                     "awa schema version %d, storage engine %s (%s)",
-                    self.schema.version,
-                    self.schema.engine,
-                    self.schema.state,
+                    schema.version,
+                    schema.engine,
+                    schema.state,
                 )
                 ctx = MaintenanceContext(
                     db=db,
                     config=self.config,
                     metrics=self.metrics,
-                    schema=self.schema,
+                    schema=schema,
                     hooks=self.hooks,
                     periodic_jobs=self.periodic_jobs,
                 )
@@ -457,14 +460,11 @@ class MaintenanceService:
                     CURRENT_TERM.set(self._term)
                     self._term_started_at = time.time()
                     try:
-                        await run_leader_term(
-                            ctx,
-                            self._select_branches,
-                            live=self.live,
-                            on_term_start=self._on_term_start,
-                            on_storage_seen=self._on_storage_seen,
-                            task_status=task_status,
-                        )
+                        async with trio.open_nursery() as term_nursery:
+                            self._leader_term = await term_nursery.start(
+                                functools.partial(run_leader_term, ctx, self._select_branches, live=self.live)
+                            )
+                            task_status.started()
                     finally:
                         # Following from here: keep only the election connection.
                         db.drop_idle_connections()

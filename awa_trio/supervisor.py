@@ -53,6 +53,17 @@ BranchSelector = Callable[[SchemaInfo], Sequence[BranchSpec]]
 STORAGE_POLL_INTERVAL = 1.0
 
 
+@dataclasses.dataclass
+class LeaderTerm:
+    """What the running term shows its service (/status, the gauges): handed
+    over once through ``task_status.started`` and kept current by the term
+    as the storage state moves and reloads apply."""
+
+    schema: SchemaInfo
+    branches: tuple[BranchSpec, ...]
+    tracker: TrackerClient
+
+
 class StorageMoved(Exception):
     """The storage engine or transition state changed under a running term."""
 
@@ -71,13 +82,12 @@ async def run_leader_term(
     select_branches: BranchSelector,
     *,
     live: LiveSettings | None = None,
-    on_term_start: Callable[[SchemaInfo, Sequence[BranchSpec], TrackerClient], None] | None = None,
-    on_storage_seen: Callable[[SchemaInfo], None] | None = None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[LeaderTerm] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Lead until cancelled, one term per storage state. With ``live``, each
+    """Lead until cancelled, one term per storage state; reports a
+    LeaderTerm once the first term's branches are up. With ``live``, each
     term follows its reloads and pauses (:func:`follow_live_settings`)."""
-    started = False
+    term: LeaderTerm | None = None
     while True:
         schema = await read_supported_schema(ctx)
         if live is not None:
@@ -86,11 +96,14 @@ async def run_leader_term(
         branches = select_branches(schema)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_schema, term_ctx, on_storage_seen)
                 tracker = await nursery.start(run_tracker, ctx.metrics)
+                first = term is None
+                if term is None:
+                    term = LeaderTerm(schema, tuple(branches), tracker)
+                else:  # the same object, so the service's reference stays current
+                    term.schema, term.branches, term.tracker = schema, tuple(branches), tracker
+                nursery.start_soon(watch_schema, term_ctx, term)
                 branch_ctx = dataclasses.replace(term_ctx, tracker=tracker)
-                if on_term_start is not None:
-                    on_term_start(schema, branches, tracker)
                 slots: dict[str, BranchSlot] = {}
                 for spec in branches:
                     slot = slots[spec.name] = BranchSlot(spec, branch_ctx)
@@ -103,15 +116,12 @@ async def run_leader_term(
                     ", ".join(spec.name for spec in branches),
                 )
                 if live is not None:
-                    nursery.start_soon(
-                        follow_live_settings, live, slots, branch_ctx, select_branches, tracker, on_term_start
-                    )
+                    nursery.start_soon(follow_live_settings, live, slots, branch_ctx, select_branches, term)
                 # Beside the branches, not before them (a takeover promotes
                 # at once): one line naming any privilege the role lacks.
                 nursery.start_soon(warn_about_missing_privileges, term_ctx.db, schema)
-                if not started:
-                    started = True
-                    task_status.started()
+                if first:
+                    task_status.started(term)
         except* StorageMoved as group:
             moved = group.exceptions[0]
             log.warning("%s; restarting the leader term with the matching branches", moved)
@@ -130,8 +140,7 @@ async def follow_live_settings(
     slots: dict[str, BranchSlot],
     branch_ctx: MaintenanceContext,
     select_branches: BranchSelector,
-    tracker: TrackerClient,
-    on_term_start: Callable[[SchemaInfo, Sequence[BranchSpec], TrackerClient], None] | None,
+    term: LeaderTerm,
 ) -> None:
     """Apply every reload and pause to this term's branch actors in place:
     a disabled branch is cancelled, an enabled one started, the others get
@@ -157,10 +166,9 @@ async def follow_live_settings(
                     continue
                 slot = slots[name] = BranchSlot(spec, ctx)
                 slot.paused = name in live.paused
-                await nursery.start(run_slot, slot, tracker)
+                await nursery.start(run_slot, slot, term.tracker)
                 log.info("%s: started (enabled by config generation %d)", name, generation)
-            if on_term_start is not None:
-                on_term_start(ctx.schema, tuple(wanted.values()), tracker)
+            term.branches = tuple(wanted.values())
 
 
 async def read_supported_schema(ctx: MaintenanceContext) -> SchemaInfo:
@@ -188,12 +196,9 @@ async def check_schema_unchanged(ctx: MaintenanceContext, last_seen: SchemaInfo 
     return info
 
 
-async def watch_schema(
-    ctx: MaintenanceContext, on_storage_seen: Callable[[SchemaInfo], None] | None = None
-) -> None:
+async def watch_schema(ctx: MaintenanceContext, term: LeaderTerm | None = None) -> None:
     """Poll the storage state; a move to another branch set ends the term
-    (StorageMoved), any other change is logged and reported to
-    ``on_storage_seen``."""
+    (StorageMoved), any other change is logged and shown in ``term``."""
     period = min(ctx.config.leader_check_interval, STORAGE_POLL_INTERVAL)
     known = ctx.schema
     while True:
@@ -214,6 +219,6 @@ async def watch_schema(
             log.info(
                 "storage state changed from %s to %s; the branches stay the same", known.state, info.state
             )
-        if info != known and on_storage_seen is not None:
-            on_storage_seen(info)
+        if info != known and term is not None:
+            term.schema = info
         known = info
