@@ -336,7 +336,7 @@ async def test_a_backlog_of_more_than_ten_batches_drains_in_one_tick(qs_db, mete
 
     result = await rescue_heartbeats.run_once(ctx)
 
-    assert result.batches == 12 and not result.budget_exhausted
+    assert result.batches == 12 and result.drained
     assert len(result.rescued) == BACKLOG
     assert await deferred_retryable(qs_db) == ids
     assert await open_attempts(qs_db) == []
@@ -353,7 +353,7 @@ async def test_a_tiny_budget_drains_the_backlog_one_batch_per_tick(qs_db, meter_
         ticks.append(len(result.rescued))
         rescued_so_far = await deferred_retryable(qs_db)
         assert len(rescued_so_far) == sum(ticks)
-        if not result.budget_exhausted:
+        if result.drained:
             break
         assert result.batches == 1
     assert ticks == [BATCH] * 11 + [7]

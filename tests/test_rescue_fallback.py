@@ -23,7 +23,7 @@ from test_rescue import (
 )
 
 from awa_trio.branches import rescue, rescue_callbacks, rescue_deadlines, rescue_heartbeats
-from awa_trio.branches.rescue import RescueResult
+from awa_trio.maintenance.rescue import RescueResult
 from awa_trio.config import MaintenanceConfig
 from awa_trio.hooks import Hooks, JobCancelled, JobRescued
 

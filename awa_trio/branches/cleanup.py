@@ -24,7 +24,7 @@ The batched steps (1 and 4) drain: each repeats its batch until one comes
 back short or the tick's budget (``min(drain_time_budget, cleanup_interval /
 2)``, shared by all steps) is spent, every step taking at least one batch per
 tick so an override queue is never starved by a big global backlog
-(:mod:`awa_trio.drain`). Each batch is its own short statement with ``SKIP
+(:mod:`awa_trio.maintenance.drain`). Each batch is its own short statement with ``SKIP
 LOCKED``, so workers never wait on cleanup for longer than one batch.
 
 Dead-letter cleanup belongs to the queue-storage engine (its DLQ rows live
@@ -44,7 +44,7 @@ from typing import Any
 
 from ..context import MaintenanceContext
 from ..db import QueryError
-from ..drain import BatchOutcome, DrainBudget, DrainOutcome, drain
+from ..maintenance.drain import BatchOutcome, DrainBudget, DrainOutcome, drain
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ job is aged its original priority is kept in
 too, so whichever touched the job first wins); later passes leave it alone.
 
 Upstream ages at most 1000 jobs per tick. Here the pass drains (see
-:mod:`awa_trio.drain`): batches of ``priority_aging_batch_size``, each its
+:mod:`awa_trio.maintenance.drain`): batches of ``priority_aging_batch_size``, each its
 own statement, until a batch comes back short or the tick's budget is spent.
 A job aged this tick must not be aged again by the next batch, and aging
 does not change ``run_at``; so the pass goes level by level, most urgent
@@ -28,7 +28,7 @@ import dataclasses
 import logging
 
 from ..context import MaintenanceContext
-from ..drain import BatchOutcome, DrainBudget, drain
+from ..maintenance.drain import BatchOutcome, DrainBudget, drain
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""What the three rescue branches share: the sweep, the unique-claim fallback
-(#388 upstream) and the side effects of a committed rescue.
+"""The canonical engine's rescue sweep: its statements and the unique-claim
+fallback (#388 upstream), for the three rescue branches.
 
 A rescue takes a job away from a worker presumed dead (stale heartbeat),
 overdue (hard deadline) or never called back (callback timeout). On the
@@ -14,7 +14,7 @@ insert; but every UPDATE of that view first materialises the whole
 ``jobs_compat()`` function, i.e. every job in the database, on every pass.)
 The unique-claim triggers fire on the base tables either way.
 
-A sweep drains (:mod:`awa_trio.drain`): it repeats batches until one comes
+A sweep drains (:mod:`awa_trio.maintenance.drain`): it repeats batches until one comes
 back short or the tick's budget (``min(drain_time_budget, interval / 2)``) is
 spent, so a fleet-wide crash is rescued within one tick instead of 500 jobs
 per tick. Each batch is its own statement and transaction; its side effects
@@ -30,13 +30,8 @@ is skipped with an error naming the claim holder. One poisoned row never
 stops the others. The drain goes on with batches after a full fallback
 batch that made progress; a fallback that took nothing ends the tick.
 
-Side effects, per batch, in this order, after its statements committed:
-metrics; in-flight cancellation (heartbeat and deadline rescues, and every
-duplicate cancellation); follow-up jobs, one transaction per rescued job;
-then lifecycle events, handed to the hooks dispatcher without waiting (at
-most ``hook_queue_size`` waiting, the rest dropped and counted). A cancel
-during a batch's follow-ups (leadership lost) stands the rescue and loses
-that batch's remaining follow-ups and events, as a crash would.
+The drain, the outcome and the side effects of a committed batch are the
+shared core's (:mod:`awa_trio.maintenance.rescue`), as on queue storage.
 """
 
 from __future__ import annotations
@@ -44,14 +39,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from ..config import DEFAULT_RESCUE_BATCH_SIZE
 from ..context import MaintenanceContext
 from ..db import ConnectionLost, DatabaseError, QueryError, UniqueViolation, describe_error, row_level_refusal
-from ..drain import BatchOutcome, DrainBudget, drain
-from ..hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
+from ..hooks import RescueReason
 from ..jobs import JOB_COLUMNS, JobRow
+from ..maintenance.drain import BatchOutcome, DrainBudget
+from ..maintenance.rescue import RescueResult, drain_rescues
 from .unique_claims import holder_text, unique_claim_holder
 
 log = logging.getLogger(__name__)
@@ -59,9 +55,6 @@ log = logging.getLogger(__name__)
 #: Default rows per rescue batch (and the most one fallback batch revisits);
 #: the setting is ``rescue_batch_size``.
 RESCUE_BATCH_SIZE = DEFAULT_RESCUE_BATCH_SIZE
-#: Event reason for a duplicate-cancelled job whose last error has no text.
-DEFAULT_DUPLICATE_REASON = "rescued as duplicate: unique claim held by a newer job"
-
 #: Column list of the job tables, for the INSERT ... SELECT / RETURNING of each sweep.
 JOB_COLUMNS_SQL = ", ".join(JOB_COLUMNS)
 
@@ -86,23 +79,6 @@ CANCEL_DUPLICATE_SQL = f"""
     WHERE id = $1
       AND state = $2::awa.job_state
     RETURNING {JOB_COLUMNS_SQL}
-"""
-
-# A follow-up job, inserted the way every Awa producer does (engine-routing,
-# validating, unique-claim aware). A run_at makes it scheduled.
-INSERT_FOLLOW_UP_SQL = """
-    SELECT id
-    FROM awa.insert_job_compat(
-        p_kind => $1,
-        p_queue => $2,
-        p_args => $3::jsonb,
-        p_state => $4::awa.job_state,
-        p_priority => $5::smallint,
-        p_max_attempts => $6::smallint,
-        p_run_at => $7::timestamptz,
-        p_metadata => $8::jsonb,
-        p_tags => $9::text[]
-    )
 """
 
 
@@ -211,74 +187,15 @@ class RescueSweep:
     interval_setting: str | None = None
 
 
-@dataclasses.dataclass
-class RescueResult:
-    #: Rows as committed: retryable (or failed, for an exhausted callback).
-    rescued: list[JobRow] = dataclasses.field(default_factory=list)
-    #: Rows cancelled because a newer unique duplicate holds their claim.
-    duplicates_cancelled: list[JobRow] = dataclasses.field(default_factory=list)
-    #: Ids left untouched by the fallback: not even cancellable, or their statement failed.
-    skipped: list[int] = dataclasses.field(default_factory=list)
-    #: The batch hit a unique-claim conflict and the pass went row by row.
-    row_by_row: bool = False
-    #: In-flight attempts of this process that were signalled.
-    cancelled_in_flight: int = 0
-    follow_ups_inserted: int = 0
-    #: Rescued jobs whose follow-ups failed (factory or insert); their rescue stands.
-    follow_up_failures: int = 0
-    #: Events the hooks dispatcher could not take.
-    events_dropped: int = 0
-    #: Rescue statements (batches) this pass; a fallback batch counts once.
-    batches: int = 0
-    #: False when the budget ran out with candidates possibly left.
-    drained: bool = True
-
-    def merge(self, batch: RescueResult) -> None:
-        """Add one batch's outcome to the tick's."""
-        self.rescued += batch.rescued
-        self.duplicates_cancelled += batch.duplicates_cancelled
-        self.skipped += batch.skipped
-        self.row_by_row = self.row_by_row or batch.row_by_row
-        self.cancelled_in_flight += batch.cancelled_in_flight
-        self.follow_ups_inserted += batch.follow_ups_inserted
-        self.follow_up_failures += batch.follow_up_failures
-        self.events_dropped += batch.events_dropped
-
-
-def sweep_budget(ctx: MaintenanceContext, sweep: RescueSweep) -> DrainBudget:
-    if sweep.interval_setting is None:
-        return DrainBudget(ctx.config.drain_time_budget)
-    return DrainBudget.for_interval(ctx.config, getattr(ctx.config, sweep.interval_setting))
-
-
 async def run_sweep(
     ctx: MaintenanceContext, sweep: RescueSweep, *params: Any, budget: DrainBudget | None = None
 ) -> RescueResult:
-    """One tick of a rescue branch: batches until one comes back short or the
-    budget is spent, each batch's side effects right after it commits."""
-    result = RescueResult()
-    budget = budget or sweep_budget(ctx, sweep)
-    batch_size = ctx.config.rescue_batch_size
+    """One tick of a rescue branch (the shared drain over this engine's batch)."""
 
-    async def batch() -> BatchOutcome | None:
-        part = RescueResult()
-        taken = await rescue_batch(ctx, sweep, params, part, batch_size)
-        await _apply_side_effects(ctx, sweep, part)
-        result.merge(part)
-        return taken
+    async def batch(part: RescueResult, batch_size: int) -> BatchOutcome | None:
+        return await rescue_batch(ctx, sweep, params, part, batch_size)
 
-    outcome = await drain(batch, budget=budget)
-    result.batches = outcome.batches
-    result.drained = outcome.drained
-    _announce(sweep, result)
-    if not outcome.drained and budget.spent:
-        log.info(
-            "%s: time budget (%gs) spent after %d batches; the rest waits a tick",
-            sweep.name,
-            budget.seconds,
-            outcome.batches,
-        )
-    return result
+    return await drain_rescues(ctx, sweep, batch, budget=budget)
 
 
 async def rescue_batch(
@@ -301,7 +218,7 @@ async def rescue_batch(
         log.warning(
             "%s: batched rescue %s (%s); retrying row by row", sweep.name, problem, describe_error(exc)
         )
-        part.row_by_row = True
+        part.row_by_row_batches = 1
         visited = await rescue_row_by_row(ctx, sweep, params, part, limit=batch_size)
         progress = len(part.rescued) + len(part.duplicates_cancelled)
         # Go on only after a full fallback batch that moved something; its
@@ -386,118 +303,3 @@ async def cancel_duplicate(
         job_id,
     )
     result.duplicates_cancelled.append(JobRow.from_record(record))
-
-
-def _announce(sweep: RescueSweep, result: RescueResult) -> None:
-    if result.duplicates_cancelled:
-        log.warning(
-            "%s: cancelled %d jobs superseded by a newer unique duplicate: %s",
-            sweep.name,
-            len(result.duplicates_cancelled),
-            _ids(result.duplicates_cancelled),
-        )
-    if result.rescued:
-        log.warning("%s: rescued %d jobs (%s)", sweep.name, len(result.rescued), sweep.reason)
-
-
-async def _apply_side_effects(ctx: MaintenanceContext, sweep: RescueSweep, result: RescueResult) -> None:
-    """What a committed batch owes the outside world (order in the module
-    docstring); the tick's log lines come once, after the drain."""
-    if result.duplicates_cancelled:
-        ctx.metrics.record_rescues(
-            f"{sweep.metric_kind}_duplicate_cancelled", len(result.duplicates_cancelled)
-        )
-    if result.rescued:
-        ctx.metrics.record_rescues(sweep.metric_kind, len(result.rescued))
-
-    hooks: Hooks | None = ctx.hooks
-    if hooks is None:
-        return
-    signalled = list(result.duplicates_cancelled)
-    if sweep.cancels_in_flight:
-        signalled += result.rescued
-    result.cancelled_in_flight = hooks.cancel_in_flight(signalled)
-    if result.cancelled_in_flight:
-        log.info("%s: signalled %d attempts running in this process", sweep.name, result.cancelled_in_flight)
-
-    for job in result.rescued:
-        await insert_follow_ups(ctx, sweep, hooks, job, result)
-
-    events: list[JobCancelled | JobRescued] = [
-        JobCancelled(job, job.last_error or DEFAULT_DUPLICATE_REASON) for job in result.duplicates_cancelled
-    ]
-    events += [JobRescued(job, sweep.reason) for job in result.rescued]
-    result.events_dropped = hooks.publish(events)
-
-
-class RescueKind(Protocol):
-    """What the follow-up step needs of a rescue (either engine's)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def reason(self) -> RescueReason: ...
-
-
-class FollowUpCounts(Protocol):
-    follow_ups_inserted: int
-    follow_up_failures: int
-
-
-async def insert_follow_ups(
-    ctx: MaintenanceContext, sweep: RescueKind, hooks: Hooks, job: JobRow, result: FollowUpCounts
-) -> None:
-    """All follow-ups of one rescued job in one transaction, after the rescue
-    committed (through ``awa.insert_job_compat``, so they land on whichever
-    engine is live); a failure is logged and the rescue stands. Shared by the
-    queue-storage rescues."""
-    if not hooks.has_follow_ups(job.kind):
-        return
-    try:
-        follow_ups = hooks.follow_ups_for(job, sweep.reason)
-    except Exception:
-        # Application code: whatever it raises must not undo or stop the sweep.
-        log.exception(
-            "%s: follow-up factory for %s job %s failed; the rescue stands", sweep.name, job.kind, job.label
-        )
-        result.follow_up_failures += 1
-        return
-    if not follow_ups:
-        return
-    try:
-        async with ctx.db.transaction() as conn:
-            for follow_up in follow_ups:
-                await conn.fetchval(INSERT_FOLLOW_UP_SQL, *follow_up_arguments(follow_up))
-    except Exception as exc:
-        # DatabaseError, or application data the driver cannot encode.
-        log.error(
-            "%s: inserting %d follow-up jobs for %s job %s failed, none inserted; the rescue stands: %s",
-            sweep.name,
-            len(follow_ups),
-            job.kind,
-            job.label,
-            exc,
-        )
-        result.follow_up_failures += 1
-        return
-    result.follow_ups_inserted += len(follow_ups)
-    log.info("%s: inserted %d follow-up jobs for %s job %s", sweep.name, len(follow_ups), job.kind, job.label)
-
-
-def follow_up_arguments(follow_up: FollowUpJob) -> tuple[Any, ...]:
-    return (
-        follow_up.kind,
-        follow_up.queue,
-        follow_up.args,
-        "available" if follow_up.run_at is None else "scheduled",
-        follow_up.priority,
-        follow_up.max_attempts,
-        follow_up.run_at,
-        dict(follow_up.metadata),
-        list(follow_up.tags),
-    )
-
-
-def _ids(jobs: Sequence[JobRow], limit: int = 20) -> str:
-    shown = ", ".join(str(job.id) for job in jobs[:limit])
-    return shown + (f" (+{len(jobs) - limit} more)" if len(jobs) > limit else "")

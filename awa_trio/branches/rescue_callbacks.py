@@ -15,9 +15,9 @@ from __future__ import annotations
 from ..context import MaintenanceContext
 from ..hooks import RescueReason
 from ..jobs import JOB_COLUMNS
+from ..maintenance.rescue import RescueResult
 from .rescue import (
     JOB_COLUMNS_SQL,
-    RescueResult,
     RescueSweep,
     candidates_sql,
     run_sweep,

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from ..context import MaintenanceContext
 from ..hooks import RescueReason
-from .rescue import RescueResult, RescueSweep, run_sweep, running_to_retryable_statements
+from ..maintenance.rescue import RescueResult
+from .rescue import RescueSweep, run_sweep, running_to_retryable_statements
 
 NAME = "rescue_stale_heartbeats"
 METRIC_KIND = "heartbeat"

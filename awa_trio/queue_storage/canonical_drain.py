@@ -65,7 +65,6 @@ from ..branches import cleanup as canonical_cleanup
 from ..branches import rescue_deadlines, rescue_heartbeats
 from ..branches.rescue import (
     JOB_COLUMNS_SQL,
-    RescueResult,
     RescueSweep,
     candidates_sql,
     run_sweep,
@@ -73,6 +72,7 @@ from ..branches.rescue import (
 )
 from ..context import MaintenanceContext
 from ..jobs import JOB_COLUMNS
+from ..maintenance.rescue import RescueResult
 
 log = logging.getLogger(__name__)
 

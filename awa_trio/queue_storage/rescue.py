@@ -1,5 +1,6 @@
-"""What the three queue-storage rescues share: the settle statement, the
-receipt-claim steps, the drain loop and the side effects.
+"""What the three queue-storage rescues share: the settle statement and the
+receipt-claim steps (the drain, the outcome and the side effects are the
+shared core's, :mod:`awa_trio.maintenance.rescue`, as on the canonical engine).
 
 On queue storage a running attempt lives in one of three places:
 
@@ -48,13 +49,13 @@ row, each row under its own savepoint; a row failing with 23505 becomes a
 cancelled terminal row, any other failure leaves that row untouched and
 logged. One row never aborts the sweep.
 
-A sweep drains: it repeats batches of ``rescue_batch_size`` until one comes
-back short or ``min(drain_time_budget, interval / 2)`` is spent. Each batch
-commits on its own, and its side effects (metrics, in-flight cancellation,
-follow-up jobs, events) run right after its commit, so a cancellation
-leaves every batch applied or untouched (a cancellation during a batch's
-side effects cuts them short, as a crash would: follow-ups are best-effort,
-as upstream).
+A sweep drains: it repeats batches of ``rescue_batch_size`` (resting
+between full ones) until one comes back short or ``min(drain_time_budget,
+interval / 2)`` is spent. Each batch commits on its own, and its side
+effects (metrics, in-flight cancellation, follow-up jobs, events) run right
+after its commit, so a cancellation leaves every batch applied or untouched
+(a cancellation during a batch's side effects cuts them short, as a crash
+would: follow-ups are best-effort, as upstream).
 
 Concurrent writers, and what makes each pair safe:
 
@@ -85,22 +86,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import trio
-
-from ..branches.rescue import DEFAULT_DUPLICATE_REASON, insert_follow_ups
 from ..context import MaintenanceContext
 from ..db import Connection, ConnectionLost, QueryError, UniqueViolation, describe_error
-from ..hooks import Hooks, JobCancelled, JobRescued, RescueReason
+from ..hooks import RescueReason
 from ..jobs import QUEUE_STORAGE, JobRow
+from ..maintenance.drain import BatchOutcome
+from ..maintenance.rescue import CALLBACK_TIMEOUT_DLQ_REASON, RescueResult, drain_rescues
 
 log = logging.getLogger(__name__)
 
-#: DLQ reason of an exhausted callback timeout (upstream's label).
-CALLBACK_TIMEOUT_DLQ_REASON = "callback_timeout"
 
 #: Closure outcomes written to the receipt ledgers.
 OUTCOME_STALE_RECEIPT = "rescued"
@@ -644,7 +641,7 @@ class QueueStorageRescue:
     metric_kind: str
     reason: RescueReason
     #: MaintenanceConfig field holding the branch interval (for the drain budget).
-    interval_field: str
+    interval_setting: str
     take: Take
     #: Error entry of a job cancelled as a superseded duplicate.
     duplicate_error: str
@@ -655,29 +652,6 @@ class QueueStorageRescue:
 
 
 @dataclasses.dataclass
-class QueueStorageRescueResult:
-    #: Rows as committed: retryable, or failed for an exhausted callback
-    #: (dead-lettered ones included, as ``failed``).
-    rescued: list[JobRow] = dataclasses.field(default_factory=list)
-    #: The exhausted callbacks that went to ``dlq_entries``.
-    dead_lettered: list[JobRow] = dataclasses.field(default_factory=list)
-    #: Rows cancelled because a newer unique duplicate holds their claim.
-    duplicates_cancelled: list[JobRow] = dataclasses.field(default_factory=list)
-    #: Ids left untouched after their own savepoint failed.
-    skipped: list[int] = dataclasses.field(default_factory=list)
-    #: Batches committed this tick.
-    batches: int = 0
-    #: Batches that failed as a whole and were redone row by row.
-    row_by_row_batches: int = 0
-    #: The tick stopped because its time budget ran out (work may remain).
-    budget_exhausted: bool = False
-    cancelled_in_flight: int = 0
-    follow_ups_inserted: int = 0
-    follow_up_failures: int = 0
-    events_dropped: int = 0
-
-
-@dataclasses.dataclass
 class _BatchOutcome:
     taken: int
     records: list[Any]
@@ -685,36 +659,25 @@ class _BatchOutcome:
     row_by_row: bool = False
 
 
-def drain_budget(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> float:
-    """Longest a tick keeps taking batches: min(drain_time_budget, interval / 2)."""
-    interval = float(getattr(ctx.config, rescue.interval_field))
-    return min(float(ctx.config.drain_time_budget), interval / 2)
+async def run_rescue(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> RescueResult:
+    """One tick of a queue-storage rescue branch (the shared drain over this
+    engine's batch)."""
 
-
-async def run_rescue(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> QueueStorageRescueResult:
-    """One tick of a queue-storage rescue branch: drain in batches."""
-    result = QueueStorageRescueResult()
-    batch_size = int(ctx.config.rescue_batch_size)
-    budget = drain_budget(ctx, rescue)
-    started = trio.current_time()
-    while True:
+    async def batch(part: RescueResult, batch_size: int) -> BatchOutcome | None:
         outcome = await rescue_batch(ctx, rescue, batch_size)
-        result.batches += 1
-        result.row_by_row_batches += outcome.row_by_row
-        result.skipped += outcome.skipped
-        await apply_side_effects(ctx, rescue, outcome.records, result)
-        if outcome.taken < batch_size or not outcome.records:
-            break
-        if trio.current_time() - started >= budget:
-            result.budget_exhausted = True
-            log.warning(
-                "%s: drain budget (%.3gs) spent after %d batches; the rest waits for the next tick",
-                rescue.name,
-                budget,
-                result.batches,
-            )
-            break
-    return result
+        part.row_by_row_batches = int(outcome.row_by_row)
+        part.skipped = outcome.skipped
+        for record in outcome.records:
+            job = JobRow.from_record(record, engine=QUEUE_STORAGE)
+            if record["outcome"] == "cancelled":
+                part.duplicates_cancelled.append(job)
+                continue
+            part.rescued.append(job)
+            if record["outcome"] == "dlq":
+                part.dead_lettered.append(job)
+        return BatchOutcome(outcome.taken, more=outcome.taken >= batch_size and bool(outcome.records))
+
+    return await drain_rescues(ctx, rescue, batch)
 
 
 async def rescue_batch(ctx: MaintenanceContext, rescue: QueueStorageRescue, limit: int) -> _BatchOutcome:
@@ -851,73 +814,5 @@ async def take_receipts(
     )
 
 
-async def apply_side_effects(
-    ctx: MaintenanceContext,
-    rescue: QueueStorageRescue,
-    records: Sequence[Any],
-    result: QueueStorageRescueResult,
-) -> None:
-    """What a committed batch owes the outside world, in the canonical order:
-    metrics, in-flight cancellation, follow-up jobs, events."""
-    if not records:
-        return
-    rescued: list[JobRow] = []
-    cancelled: list[JobRow] = []
-    dead_lettered: list[JobRow] = []
-    for record in records:
-        job = JobRow.from_record(record, engine=QUEUE_STORAGE)
-        if record["outcome"] == "cancelled":
-            cancelled.append(job)
-            continue
-        rescued.append(job)
-        if record["outcome"] == "dlq":
-            dead_lettered.append(job)
-    result.rescued += rescued
-    result.duplicates_cancelled += cancelled
-    result.dead_lettered += dead_lettered
-
-    if cancelled:
-        ctx.metrics.record_rescues(f"{rescue.metric_kind}_duplicate_cancelled", len(cancelled))
-        log.warning(
-            "%s: cancelled %d queue-storage jobs superseded by a newer unique duplicate: %s",
-            rescue.name,
-            len(cancelled),
-            _ids(cancelled),
-        )
-    if rescued:
-        ctx.metrics.record_rescues(rescue.metric_kind, len(rescued))
-        log.warning("%s: rescued %d queue-storage jobs (%s)", rescue.name, len(rescued), rescue.reason)
-    if dead_lettered:
-        for (kind, queue), count in Counter((j.kind, j.queue) for j in dead_lettered).items():
-            ctx.metrics.record_dlq_moved(kind, queue, CALLBACK_TIMEOUT_DLQ_REASON, count)
-        log.warning(
-            "%s: moved %d exhausted callback timeouts to the DLQ: %s",
-            rescue.name,
-            len(dead_lettered),
-            _ids(dead_lettered),
-        )
-
-    hooks: Hooks | None = ctx.hooks
-    if hooks is None:
-        return
-    signalled = list(cancelled) + (rescued if rescue.cancels_in_flight else [])
-    cancelled_now = hooks.cancel_in_flight(signalled)
-    result.cancelled_in_flight += cancelled_now
-    if cancelled_now:
-        log.info("%s: signalled %d attempts running in this process", rescue.name, cancelled_now)
-    for job in rescued:
-        await insert_follow_ups(ctx, rescue, hooks, job, result)
-    events: list[JobCancelled | JobRescued] = [
-        JobCancelled(job, job.last_error or DEFAULT_DUPLICATE_REASON) for job in cancelled
-    ]
-    events += [JobRescued(job, rescue.reason) for job in rescued]
-    result.events_dropped += hooks.publish(events)
-
-
 def _describe(exc: BaseException) -> str:
     return describe_error(exc) if isinstance(exc, QueryError) else str(exc)
-
-
-def _ids(jobs: Sequence[JobRow], limit: int = 20) -> str:
-    shown = ", ".join(job.label for job in jobs[:limit])
-    return shown + (f" (+{len(jobs) - limit} more)" if len(jobs) > limit else "")

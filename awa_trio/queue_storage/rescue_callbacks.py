@@ -23,9 +23,9 @@ from __future__ import annotations
 from ..context import MaintenanceContext
 from ..db import Connection
 from ..hooks import RescueReason
+from ..maintenance.rescue import RescueResult
 from .rescue import (
     QueueStorageRescue,
-    QueueStorageRescueResult,
     in_schema,
     run_rescue,
     take_leases_sql,
@@ -59,7 +59,7 @@ RESCUE = QueueStorageRescue(
     name=NAME,
     metric_kind=METRIC_KIND,
     reason=RescueReason.EXPIRED_CALLBACK,
-    interval_field="callback_rescue_interval",
+    interval_setting="callback_rescue_interval",
     take=take_expired_callbacks,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=False,
@@ -67,5 +67,5 @@ RESCUE = QueueStorageRescue(
 )
 
 
-async def run_once(ctx: MaintenanceContext) -> QueueStorageRescueResult:
+async def run_once(ctx: MaintenanceContext) -> RescueResult:
     return await run_rescue(ctx, RESCUE)

@@ -20,10 +20,10 @@ from __future__ import annotations
 from ..context import MaintenanceContext
 from ..db import Connection
 from ..hooks import RescueReason
+from ..maintenance.rescue import RescueResult
 from .rescue import (
     OUTCOME_DEADLINE_RECEIPT,
     QueueStorageRescue,
-    QueueStorageRescueResult,
     completion_lock_key,
     in_schema,
     run_rescue,
@@ -98,12 +98,12 @@ RESCUE = QueueStorageRescue(
     name=NAME,
     metric_kind=METRIC_KIND,
     reason=RescueReason.DEADLINE_EXCEEDED,
-    interval_field="deadline_rescue_interval",
+    interval_setting="deadline_rescue_interval",
     take=take_expired,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=True,
 )
 
 
-async def run_once(ctx: MaintenanceContext) -> QueueStorageRescueResult:
+async def run_once(ctx: MaintenanceContext) -> RescueResult:
     return await run_rescue(ctx, RESCUE)

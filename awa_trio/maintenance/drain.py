@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from .config import MaintenanceConfig
+from ..config import MaintenanceConfig
 
 #: After each full batch the drain rests half as long as the batch took (as
 #: River's cleaner pauses between batches): a long drain then leaves the

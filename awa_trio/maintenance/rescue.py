@@ -1,0 +1,269 @@
+"""What every rescue branch shares, whatever the engine: the drain of
+batches, the one outcome type, and the side effects a committed batch owes
+the outside world.
+
+Each engine supplies only its batch (its SQL, its unique-claim fallback):
+:func:`drain_rescues` runs it until one comes back short or the tick's
+budget is spent, with the drain's rest between full batches.
+
+Side effects, per batch, in this order, after its statements committed:
+metrics; in-flight cancellation (heartbeat and deadline rescues, and every
+duplicate cancellation); follow-up jobs, one transaction per rescued job;
+then lifecycle events, handed to the hooks dispatcher without waiting (at
+most ``hook_queue_size`` waiting, the rest dropped and counted). A cancel
+during a batch's follow-ups (leadership lost) stands the rescue and loses
+that batch's remaining follow-ups and events, as a crash would. The tick's
+log lines come once, after the drain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+from ..context import MaintenanceContext
+from ..hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
+from ..jobs import JobRow
+from .drain import BatchOutcome, DrainBudget, drain
+
+log = logging.getLogger(__name__)
+
+#: Event reason for a duplicate-cancelled job whose last error has no text.
+DEFAULT_DUPLICATE_REASON = "rescued as duplicate: unique claim held by a newer job"
+#: ``awa.dlq.reason`` of an exhausted callback timeout moved to the DLQ.
+CALLBACK_TIMEOUT_DLQ_REASON = "callback_timeout"
+
+# A follow-up job, inserted the way every Awa producer does (engine-routing,
+# validating, unique-claim aware). A run_at makes it scheduled.
+INSERT_FOLLOW_UP_SQL = """
+    SELECT id
+    FROM awa.insert_job_compat(
+        p_kind => $1,
+        p_queue => $2,
+        p_args => $3::jsonb,
+        p_state => $4::awa.job_state,
+        p_priority => $5::smallint,
+        p_max_attempts => $6::smallint,
+        p_run_at => $7::timestamptz,
+        p_metadata => $8::jsonb,
+        p_tags => $9::text[]
+    )
+"""
+
+
+class Rescue(Protocol):
+    """What the shared loop needs of one rescue branch (either engine's)."""
+
+    @property
+    def name(self) -> str: ...
+    #: ``awa.rescue.kind`` metric attribute: heartbeat, deadline, callback_timeout.
+    @property
+    def metric_kind(self) -> str: ...
+    @property
+    def reason(self) -> RescueReason: ...
+    #: Whether attempts still running in this process are signalled.
+    @property
+    def cancels_in_flight(self) -> bool: ...
+    #: The config field holding the branch's interval (sets the drain budget);
+    #: None: the budget is ``drain_time_budget`` alone.
+    @property
+    def interval_setting(self) -> str | None: ...
+
+
+@dataclasses.dataclass
+class RescueResult:
+    """One rescue tick (or one batch of it), on either engine."""
+
+    #: Rows as committed: retryable, or failed for an exhausted callback
+    #: (dead-lettered ones included, as ``failed``).
+    rescued: list[JobRow] = dataclasses.field(default_factory=list)
+    #: Rows cancelled because a newer unique duplicate holds their claim.
+    duplicates_cancelled: list[JobRow] = dataclasses.field(default_factory=list)
+    #: The exhausted callbacks that went to the DLQ (queue storage).
+    dead_lettered: list[JobRow] = dataclasses.field(default_factory=list)
+    #: Ids left untouched by the row-by-row fallback.
+    skipped: list[int] = dataclasses.field(default_factory=list)
+    #: Rescue statements (batches) this tick; a fallback batch counts once.
+    batches: int = 0
+    #: Batches redone row by row (a unique-claim conflict or a bad row).
+    row_by_row_batches: int = 0
+    #: False when the budget ran out with candidates possibly left.
+    drained: bool = True
+    #: In-flight attempts of this process that were signalled.
+    cancelled_in_flight: int = 0
+    follow_ups_inserted: int = 0
+    #: Rescued jobs whose follow-ups failed (factory or insert); their rescue stands.
+    follow_up_failures: int = 0
+    #: Events the hooks dispatcher could not take.
+    events_dropped: int = 0
+
+    @property
+    def row_by_row(self) -> bool:
+        return self.row_by_row_batches > 0
+
+    def merge(self, batch: RescueResult) -> None:
+        """Add one batch's outcome to the tick's."""
+        self.rescued += batch.rescued
+        self.duplicates_cancelled += batch.duplicates_cancelled
+        self.dead_lettered += batch.dead_lettered
+        self.skipped += batch.skipped
+        self.row_by_row_batches += batch.row_by_row_batches
+        self.cancelled_in_flight += batch.cancelled_in_flight
+        self.follow_ups_inserted += batch.follow_ups_inserted
+        self.follow_up_failures += batch.follow_up_failures
+        self.events_dropped += batch.events_dropped
+
+
+#: One engine's batch: fills the part it is given (rescued, cancelled, ...)
+#: and says how many rows it took; None stops the tick.
+RescueBatch = Callable[[RescueResult, int], Awaitable[BatchOutcome | None]]
+
+
+def rescue_budget(ctx: MaintenanceContext, rescue: Rescue) -> DrainBudget:
+    if rescue.interval_setting is None:
+        return DrainBudget(ctx.config.drain_time_budget)
+    return DrainBudget.for_interval(ctx.config, getattr(ctx.config, rescue.interval_setting))
+
+
+async def drain_rescues(
+    ctx: MaintenanceContext, rescue: Rescue, batch: RescueBatch, *, budget: DrainBudget | None = None
+) -> RescueResult:
+    """One tick of a rescue branch: batches until one comes back short or
+    the budget is spent, each batch's side effects right after it commits."""
+    result = RescueResult()
+    budget = budget or rescue_budget(ctx, rescue)
+    batch_size = ctx.config.rescue_batch_size
+
+    async def one_batch() -> BatchOutcome | None:
+        part = RescueResult()
+        taken = await batch(part, batch_size)
+        await apply_side_effects(ctx, rescue, part)
+        result.merge(part)
+        return taken
+
+    outcome = await drain(one_batch, budget=budget)
+    result.batches = outcome.batches
+    result.drained = outcome.drained
+    announce(rescue, result)
+    if not outcome.drained and budget.spent:
+        log.info(
+            "%s: time budget (%gs) spent after %d batches; the rest waits a tick",
+            rescue.name,
+            budget.seconds,
+            outcome.batches,
+        )
+    return result
+
+
+def announce(rescue: Rescue, result: RescueResult) -> None:
+    """The tick's log lines (once, after the drain)."""
+    if result.duplicates_cancelled:
+        log.warning(
+            "%s: cancelled %d jobs superseded by a newer unique duplicate: %s",
+            rescue.name,
+            len(result.duplicates_cancelled),
+            job_ids(result.duplicates_cancelled),
+        )
+    if result.rescued:
+        log.warning("%s: rescued %d jobs (%s)", rescue.name, len(result.rescued), rescue.reason)
+    if result.dead_lettered:
+        log.warning(
+            "%s: moved %d exhausted callback timeouts to the DLQ: %s",
+            rescue.name,
+            len(result.dead_lettered),
+            job_ids(result.dead_lettered),
+        )
+
+
+async def apply_side_effects(ctx: MaintenanceContext, rescue: Rescue, part: RescueResult) -> None:
+    """What one committed batch owes the outside world (order in the module docstring)."""
+    if part.duplicates_cancelled:
+        ctx.metrics.record_rescues(
+            f"{rescue.metric_kind}_duplicate_cancelled", len(part.duplicates_cancelled)
+        )
+    if part.rescued:
+        ctx.metrics.record_rescues(rescue.metric_kind, len(part.rescued))
+    for (kind, queue), count in Counter((job.kind, job.queue) for job in part.dead_lettered).items():
+        ctx.metrics.record_dlq_moved(kind, queue, CALLBACK_TIMEOUT_DLQ_REASON, count)
+
+    hooks: Hooks | None = ctx.hooks
+    if hooks is None:
+        return
+    signalled = list(part.duplicates_cancelled)
+    if rescue.cancels_in_flight:
+        signalled += part.rescued
+    part.cancelled_in_flight = hooks.cancel_in_flight(signalled)
+    if part.cancelled_in_flight:
+        log.info("%s: signalled %d attempts running in this process", rescue.name, part.cancelled_in_flight)
+
+    for job in part.rescued:
+        await insert_follow_ups(ctx, rescue, hooks, job, part)
+
+    events: list[JobCancelled | JobRescued] = [
+        JobCancelled(job, job.last_error or DEFAULT_DUPLICATE_REASON) for job in part.duplicates_cancelled
+    ]
+    events += [JobRescued(job, rescue.reason) for job in part.rescued]
+    part.events_dropped = hooks.publish(events)
+
+
+async def insert_follow_ups(
+    ctx: MaintenanceContext, rescue: Rescue, hooks: Hooks, job: JobRow, result: RescueResult
+) -> None:
+    """All follow-ups of one rescued job in one transaction, after the rescue
+    committed (through ``awa.insert_job_compat``, so they land on whichever
+    engine is live); a failure is logged and the rescue stands."""
+    if not hooks.has_follow_ups(job.kind):
+        return
+    try:
+        follow_ups = hooks.follow_ups_for(job, rescue.reason)
+    except Exception:
+        # Application code: whatever it raises must not undo or stop the sweep.
+        log.exception(
+            "%s: follow-up factory for %s job %s failed; the rescue stands", rescue.name, job.kind, job.label
+        )
+        result.follow_up_failures += 1
+        return
+    if not follow_ups:
+        return
+    try:
+        async with ctx.db.transaction() as conn:
+            for follow_up in follow_ups:
+                await conn.fetchval(INSERT_FOLLOW_UP_SQL, *follow_up_arguments(follow_up))
+    except Exception as exc:
+        # DatabaseError, or application data the driver cannot encode.
+        log.error(
+            "%s: inserting %d follow-up jobs for %s job %s failed, none inserted; the rescue stands: %s",
+            rescue.name,
+            len(follow_ups),
+            job.kind,
+            job.label,
+            exc,
+        )
+        result.follow_up_failures += 1
+        return
+    result.follow_ups_inserted += len(follow_ups)
+    log.info(
+        "%s: inserted %d follow-up jobs for %s job %s", rescue.name, len(follow_ups), job.kind, job.label
+    )
+
+
+def follow_up_arguments(follow_up: FollowUpJob) -> tuple[Any, ...]:
+    return (
+        follow_up.kind,
+        follow_up.queue,
+        follow_up.args,
+        "available" if follow_up.run_at is None else "scheduled",
+        follow_up.priority,
+        follow_up.max_attempts,
+        follow_up.run_at,
+        dict(follow_up.metadata),
+        list(follow_up.tags),
+    )
+
+
+def job_ids(jobs: Sequence[JobRow], limit: int = 20) -> str:
+    shown = ", ".join(job.label for job in jobs[:limit])
+    return shown + (f" (+{len(jobs) - limit} more)" if len(jobs) > limit else "")
