@@ -478,7 +478,7 @@ async def test_run_logs_leadership_changes_and_branch_work(database_url, db):
         text,
     )
     # Promotion batches are debug lines (one per tick under load).
-    assert re.search(r"DEBUG awa_trio\S*: promote_scheduled: promoted 1 scheduled jobs$", text, re.M)
+    assert re.search(r"DEBUG awa_trio\S*: promote_scheduled: promoted 1 scheduled jobs \(1 queues\)$", text, re.M)
     assert "released maintenance leader lock" in text
     assert "Traceback" not in text
     assert await db.fetchval("SELECT state::text FROM awa.jobs WHERE id = $1", job_id) == "available"

@@ -20,15 +20,16 @@ error naming the claim holder, and every other due job is promoted.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import trio
 
 from ..context import MaintenanceContext
-from ..db import ConnectionLost, DatabaseError, QueryError, UniqueViolation, describe_error, row_level_refusal
+from ..db import DatabaseError, QueryError, UniqueViolation, describe_error, row_level_refusal
 from ..hooks import JobCancelled
 from ..jobs import JOB_COLUMNS, JobRow
+from ..maintenance.promotion import PROMOTABLE_STATES, PromoteResult, promote_due
+from ..maintenance.promotion import promote_row_by_row as shared_row_by_row
 from .unique_claims import holder_text, unique_claim_holder
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,6 @@ NAME = "promote_scheduled"
 PROMOTE_BATCH_SIZE = 4096
 PROMOTE_MAX_BATCHES_PER_TICK = 32
 #: Promoted in this order each tick.
-PROMOTABLE_STATES = ("scheduled", "retryable")
 #: Error entry of a due job cancelled because another job holds its unique claim.
 DUPLICATE_ERROR = "cancelled as duplicate: came due while another job held its unique claim"
 
@@ -143,50 +143,14 @@ CANCEL_DUPLICATE_SQL = f"""
 """
 
 
-@dataclasses.dataclass
-class PromoteResult:
-    #: Jobs promoted per state this tick.
-    promoted: dict[str, int] = dataclasses.field(default_factory=dict)
-    #: Distinct queues that received jobs.
-    queues: set[str] = dataclasses.field(default_factory=set)
-    batches: int = 0
-    #: Due jobs cancelled because another job holds their unique claim.
-    duplicates_cancelled: list[JobRow] = dataclasses.field(default_factory=list)
-    #: Due jobs left in place: not even cancellable, or their statement failed.
-    skipped: list[int] = dataclasses.field(default_factory=list)
-
-
 async def run_once(ctx: MaintenanceContext) -> PromoteResult:
-    result = PromoteResult()
-    started = trio.current_time()
-    try:
-        [due] = await ctx.db.fetch(DUE_STATES_SQL)
-    except DatabaseError as exc:
-        log.error("%s: failed to promote due jobs (due check): %s", NAME, describe_error(exc))
-        return result
-    for state in PROMOTABLE_STATES:
-        if not due[state]:
-            record_empty_pass(ctx, state, result, trio.current_time() - started)
-            continue
-        try:
-            await promote_due_state(ctx, state, result)
-        except DatabaseError as exc:
-            # A failure for one state must not keep the other one waiting.
-            log.error("%s: failed to promote %s jobs: %s", NAME, state, describe_error(exc))
-        count = result.promoted.get(state, 0)
-        if count:
-            log.debug("%s: promoted %d %s jobs", NAME, count, state)
+    async def promote_state(state: str, result: PromoteResult) -> None:
+        await promote_due_state(ctx, state, result)
+
+    result = await promote_due(ctx, NAME, DUE_STATES_SQL, promote_state)
     if result.duplicates_cancelled and ctx.hooks is not None:
         ctx.hooks.publish(JobCancelled(job, DUPLICATE_ERROR) for job in result.duplicates_cancelled)
     return result
-
-
-def record_empty_pass(ctx: MaintenanceContext, state: str, result: PromoteResult, seconds: float) -> None:
-    """The due check stands in for the empty batch a state would have run,
-    so batch metrics and counts read as they did before the check."""
-    ctx.metrics.record_promotion_batch(state, 0, seconds)
-    result.batches += 1
-    result.promoted.setdefault(state, 0)
 
 
 async def promote_due_state(ctx: MaintenanceContext, state: str, result: PromoteResult) -> None:
@@ -222,35 +186,19 @@ async def promote_due_state(ctx: MaintenanceContext, state: str, result: Promote
 
 
 async def promote_row_by_row(ctx: MaintenanceContext, state: str, result: PromoteResult) -> None:
-    """The fallback for a refused batch: each due job in its own statement."""
+    """The fallback for a refused batch: each due job in its own statement; a
+    job whose claim is held elsewhere is cancelled as a duplicate."""
     ids = [record["id"] for record in await ctx.db.fetch(DUE_IDS_SQL[state], PROMOTE_BATCH_SIZE)]
-    promoted = 0
-    for position, job_id in enumerate(ids):
-        try:
-            record = await ctx.db.fetchrow(PROMOTE_ONE_SQL[state], job_id)
-        except UniqueViolation:
-            await cancel_duplicate(ctx, state, job_id, result)
-            continue
-        except ConnectionLost as exc:
-            log.error(
-                "%s: connection lost during row-by-row promotion; %d %s jobs left for the next tick: %s",
-                NAME,
-                len(ids) - position,
-                state,
-                exc,
-            )
-            break
-        except DatabaseError as exc:
-            log.error(
-                "%s: promoting %s job %d failed; skipping it: %s", NAME, state, job_id, describe_error(exc)
-            )
-            result.skipped.append(job_id)
-            continue
+
+    async def promote_one(job_id: int) -> list[tuple[str, int]]:
         # None: deleted, rescheduled or taken by another leader meanwhile.
-        if record is not None:
-            promoted += 1
-            result.queues.add(record["queue"])
-    result.promoted[state] = result.promoted.get(state, 0) + promoted
+        record = await ctx.db.fetchrow(PROMOTE_ONE_SQL[state], job_id)
+        return [] if record is None else [(record["queue"], 1)]
+
+    async def on_claim_conflict(job_id: int) -> None:
+        await cancel_duplicate(ctx, state, job_id, result)
+
+    await shared_row_by_row(NAME, state, ids, promote_one, on_claim_conflict, result)
 
 
 async def cancel_duplicate(ctx: MaintenanceContext, state: str, job_id: int, result: PromoteResult) -> None:

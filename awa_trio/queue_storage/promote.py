@@ -55,7 +55,6 @@ Concurrent writers, and what makes each pair safe:
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 from collections.abc import Iterable, Mapping
@@ -65,12 +64,11 @@ import trio
 
 from ..context import MaintenanceContext
 from ..db import (
-    ConnectionLost,
-    DatabaseError,
     QueryError,
     UniqueViolation,
-    describe_error,
 )
+from ..maintenance.promotion import PROMOTABLE_STATES, PromoteResult, promote_due
+from ..maintenance.promotion import promote_row_by_row as shared_row_by_row
 from .layout import schema_name
 
 log = logging.getLogger(__name__)
@@ -79,7 +77,6 @@ NAME = "promote_scheduled"
 PROMOTE_BATCH_SIZE = 4096
 PROMOTE_MAX_BATCHES_PER_TICK = 32
 #: Promoted in this order each tick.
-PROMOTABLE_STATES = ("scheduled", "retryable")
 #: Character position (1-based, for substr) of a state in the text unique-state mask.
 STATE_MASK_POSITION = {
     "scheduled": 1,
@@ -452,55 +449,13 @@ DUE_STATES_SQL = "SELECT " + ",\n       ".join(
 _shard_rotor = itertools.count()
 
 
-@dataclasses.dataclass
-class PromoteResult:
-    #: Jobs promoted per state this tick.
-    promoted: dict[str, int] = dataclasses.field(default_factory=dict)
-    #: Distinct queues that received jobs (each was notified).
-    queues: set[str] = dataclasses.field(default_factory=set)
-    batches: int = 0
-    #: Lanes (queue, priority, shard) created for due rows that had none.
-    lanes_created: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
-    #: States whose batch hit a unique-claim conflict and went row by row.
-    row_by_row: list[str] = dataclasses.field(default_factory=list)
-    #: Due jobs the row-by-row fallback could not promote (claim conflict or error).
-    skipped: list[int] = dataclasses.field(default_factory=list)
-
-    @property
-    def total(self) -> int:
-        return sum(self.promoted.values())
-
-
 async def run_once(ctx: MaintenanceContext) -> PromoteResult:
-    result = PromoteResult()
-    started = trio.current_time()
     schema = schema_name(ctx)
-    try:
-        [due] = await ctx.db.fetch(DUE_STATES_SQL.format(schema=schema))
-    except DatabaseError as exc:
-        log.error("%s: failed to promote due jobs (due check): %s", NAME, describe_error(exc))
-        return result
-    for state in PROMOTABLE_STATES:
-        if not due[state]:
-            record_empty_pass(ctx, state, result, trio.current_time() - started)
-            continue
-        try:
-            await promote_due_state(ctx, schema, state, result)
-        except DatabaseError as exc:
-            # A failure for one state must not keep the other one waiting.
-            log.error("%s: failed to promote %s jobs: %s", NAME, state, describe_error(exc))
-        count = result.promoted.get(state, 0)
-        if count:
-            log.debug("%s: promoted %d %s jobs (%d queues)", NAME, count, state, len(result.queues))
-    return result
 
+    async def promote_state(state: str, result: PromoteResult) -> None:
+        await promote_due_state(ctx, schema, state, result)
 
-def record_empty_pass(ctx: MaintenanceContext, state: str, result: PromoteResult, seconds: float) -> None:
-    """The due check stands in for the empty batch a state would have run,
-    so batch metrics and counts read as they did before the check."""
-    ctx.metrics.record_promotion_batch(state, 0, seconds)
-    result.batches += 1
-    result.promoted.setdefault(state, 0)
+    return await promote_due(ctx, NAME, DUE_STATES_SQL.format(schema=schema), promote_state)
 
 
 async def ensure_lanes(ctx: MaintenanceContext, missing_sql: str, result: PromoteResult) -> None:
@@ -550,7 +505,6 @@ async def promote_due_state(ctx: MaintenanceContext, schema: str, state: str, re
                 state,
                 exc,
             )
-            result.row_by_row.append(state)
             await promote_row_by_row(ctx, schema, state, result)
             # What is left is due again next tick, batched once more.
             return
@@ -591,37 +545,20 @@ async def promote_row_by_row(ctx: MaintenanceContext, schema: str, state: str, r
         for row in await ctx.db.fetch(DUE_IDS_SQL[state].format(schema=schema), PROMOTE_BATCH_SIZE)
     ]
     pick_sql = PICK_ONE_SQL[state].format(schema=schema)
-    promoted = 0
-    for position, job_id in enumerate(ids):
-        try:
-            rows = await run_batch(ctx, schema, pick_sql, 1, next(_shard_rotor), job_id)
-        except UniqueViolation:
-            log.warning(
-                "%s: %s job %d is due but another job holds its unique claim; "
-                "it stays deferred until the claim is released",
-                NAME,
-                state,
-                job_id,
-            )
-            result.skipped.append(job_id)
-            continue
-        except ConnectionLost as exc:
-            log.error(
-                "%s: connection lost during row-by-row promotion; %d %s jobs left for the next tick: %s",
-                NAME,
-                len(ids) - position,
-                state,
-                exc,
-            )
-            break
-        except DatabaseError as exc:
-            log.error(
-                "%s: promoting %s job %d failed; skipping it: %s", NAME, state, job_id, describe_error(exc)
-            )
-            result.skipped.append(job_id)
-            continue
+
+    async def promote_one(job_id: int) -> list[tuple[str, int]]:
         # Nothing returned: promoted, deleted or paused meanwhile, or waiting on its claim.
-        for row in rows:
-            promoted += row["rows"]
-            result.queues.add(row["queue"])
-    result.promoted[state] = result.promoted.get(state, 0) + promoted
+        rows = await run_batch(ctx, schema, pick_sql, 1, next(_shard_rotor), job_id)
+        return [(row["queue"], row["rows"]) for row in rows]
+
+    async def on_claim_conflict(job_id: int) -> None:
+        log.warning(
+            "%s: %s job %d is due but another job holds its unique claim; "
+            "it stays deferred until the claim is released",
+            NAME,
+            state,
+            job_id,
+        )
+        result.skipped.append(job_id)
+
+    await shared_row_by_row(NAME, state, ids, promote_one, on_claim_conflict, result)
