@@ -17,7 +17,8 @@ from support.contexts import make_context
 from support.helpers import advisory_lock_holders, dirty_admin_keys, dirty_admin_tables
 
 from awa_trio.branches import batch_operations
-from awa_trio.branches.batch_operations import RUNNER_LOCK_KEY, run_once
+from awa_trio.branches.batch_operations import CANONICAL_STORAGE, RUNNER_LOCK_KEY, run_once
+from awa_trio.maintenance import batch_operations as runner
 
 ORIGINAL_PRIORITY = "_awa_original_priority"
 ORIGINAL_QUEUE = "_awa_original_queue"
@@ -359,13 +360,13 @@ async def test_finalisation_never_overwrites_a_cancel_or_a_finished_operation(db
     await in_thread(awa_client.cancel_batch_operation, op["id"])
 
     async with db.acquire() as conn:
-        outcome = batch_operations.BatchOperationsResult(operation_id=operation_id)
-        await batch_operations.finalize_operation(conn, outcome, "completed")
+        outcome = runner.BatchOperationsResult(operation_id=operation_id)
+        await runner.finalize_operation(conn, outcome, "completed")
         assert outcome.finalized_state == "cancelled"
         finished_at = (await operation_row(db, op["id"]))["finalized_at"]
 
-        again = batch_operations.BatchOperationsResult(operation_id=operation_id)
-        await batch_operations.finalize_operation(conn, again, "completed")
+        again = runner.BatchOperationsResult(operation_id=operation_id)
+        await runner.finalize_operation(conn, again, "completed")
         assert again.finalized_state is None
 
     row = await operation_row(db, op["id"])
@@ -498,15 +499,16 @@ async def test_without_a_pending_operation_a_tick_is_a_quiet_no_op(db, awa_clien
     ],
 )
 def test_decoding_refuses_what_awa_pg_would_refuse(spec, job_filter, reason):
-    with pytest.raises(batch_operations.InvalidBatchOperation, match=reason):
-        batch_operations.decode_operation(spec, job_filter)
+    with pytest.raises(runner.InvalidBatchOperation, match=reason):
+        runner.decode_operation(spec, job_filter, CANONICAL_STORAGE)
 
 
 def test_decoding_reads_awa_pg_filters():
-    plan = batch_operations.decode_operation(
+    plan = runner.decode_operation(
         {"op_kind": "move_queue", "queue": "q", "priority": None},
         {"kind": "k", "queue": None, "ids": [3, 4], "tag": "t", "state": "scheduled",
          "created_at_gte": "2026-01-02T03:04:05.123456789Z", "created_at_lt": None},
+        CANONICAL_STORAGE,
     )
     assert plan.apply_sql == batch_operations.APPLY_MOVE_QUEUE_SQL
     assert plan.apply_args == ("q", None)
@@ -525,4 +527,4 @@ def test_retention_days_follow_awa(monkeypatch, raw, days):
         monkeypatch.delenv("AWA_BATCH_OP_RETENTION_DAYS", raising=False)
     else:
         monkeypatch.setenv("AWA_BATCH_OP_RETENTION_DAYS", raw)
-    assert batch_operations.retention_days() == days
+    assert runner.retention_days() == days

@@ -27,9 +27,9 @@ from test_rescue_fallback import CLAIM_BY_HAND_SQL, MASK_WITHOUT_RUNNING, insert
 
 from awa_trio.branches import cleanup, priority_aging, rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from awa_trio.config import MaintenanceConfig
-from awa_trio.maintenance.drain import PAUSE_RATIO, BatchOutcome, DrainBudget, drain, tick_budget
 from awa_trio.hooks import FollowUpJob, Hooks, JobRescued
 from awa_trio.leadership import LOCK_KEY
+from awa_trio.maintenance.drain import PAUSE_RATIO, BatchOutcome, DrainBudget, drain, tick_budget
 
 BATCH = 50
 #: More than ten batches, and not a multiple of the batch size.

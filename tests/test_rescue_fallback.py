@@ -23,9 +23,9 @@ from test_rescue import (
 )
 
 from awa_trio.branches import rescue, rescue_callbacks, rescue_deadlines, rescue_heartbeats
-from awa_trio.maintenance.rescue import RescueResult
 from awa_trio.config import MaintenanceConfig
 from awa_trio.hooks import Hooks, JobCancelled, JobRescued
+from awa_trio.maintenance.rescue import RescueResult
 
 # Bits in awa's order: scheduled=0, available=1, running=2, completed=3,
 # retryable=4, failed=5, cancelled=6, waiting_external=7.

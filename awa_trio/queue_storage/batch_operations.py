@@ -1,7 +1,7 @@
 """batch_operations (queue storage): run awa-pg's admin batch operations
 (``set_priority``, ``move_queue``) on the queue-storage tables.
 
-The runner is the canonical one (:mod:`awa_trio.branches.batch_operations`:
+The runner is the shared one (:mod:`awa_trio.maintenance.batch_operations`:
 runner lock, claim, scan into items, 100 items per tick, finalisation,
 cancellation, retention); this module supplies what differs on this engine,
 following upstream ``awa_model::batch_operations`` with
@@ -67,8 +67,10 @@ import functools
 import uuid
 from typing import Any
 
-from ..branches import batch_operations as runner
-from ..branches.batch_operations import (
+from ..context import MaintenanceContext
+from ..db import Connection, QueryError
+from ..maintenance import batch_operations as runner
+from ..maintenance.batch_operations import (
     CLAIM_OPERATION_TEMPLATE,
     MATCHING_JOBS_TEMPLATE,
     NAME,
@@ -79,8 +81,6 @@ from ..branches.batch_operations import (
     BatchOperationStorage,
     OperationPlan,
 )
-from ..context import MaintenanceContext
-from ..db import Connection, QueryError
 from .layout import schema_name
 
 __all__ = ["NAME", "run_once", "storage_for"]
