@@ -132,6 +132,11 @@ def row_level_refusal(exc: DatabaseError) -> str | None:
     return None
 
 
+def rows_affected(command_tag: str) -> int:
+    """The row count of a command tag such as ``DELETE 12`` or ``INSERT 0 3``."""
+    return int(command_tag.rsplit(" ", 1)[-1])
+
+
 def describe_error(exc: DatabaseError) -> str:
     """``[SQLSTATE] message`` for log lines (just the message without one)."""
     return f"[{exc.sqlstate}] {exc}" if exc.sqlstate else str(exc)

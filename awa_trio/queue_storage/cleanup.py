@@ -24,8 +24,9 @@ backlog.
 Each batch is counted at once in ``awa.job.dlq_purged`` (no queue attribute
 for the global pass, ``awa.job.queue`` for an override queue, as upstream).
 
-Then the engine-independent steps of :mod:`awa_trio.branches.cleanup` run:
-runtime snapshots, descriptors and expired batch operations.
+Then the steps every engine shares (:mod:`awa_trio.maintenance.cleanup`):
+runtime snapshots, descriptors and expired batch operations, within the
+same tick budget.
 
 Concurrent writers: rescues insert DLQ rows (recent ones, never past
 retention); awa-pg's ``retry_from_dlq`` / ``purge_dlq`` lock the rows they
@@ -34,19 +35,22 @@ take, which the purge skips. The purge touches no ring table.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
-import trio
-
-from ..branches.cleanup import CleanupResult, run_engine_independent_steps
 from ..context import MaintenanceContext
-from ..db import QueryError, describe_error
+from ..db import QueryError, describe_error, rows_affected
+from ..maintenance.cleanup import (
+    NAME,
+    CleanupResult,
+    cleanup_budget,
+    run_engine_independent_steps,
+)
+from ..maintenance.drain import BatchOutcome, DrainBudget, drain
 from .layout import schema_name
 
 log = logging.getLogger(__name__)
 
-NAME = "cleanup"
+__all__ = ["NAME", "purge_expired_dlq", "run_once"]
 
 # $1 retention (s), $2 batch size, $3 queues that have their own DLQ
 # retention (`queue <> ALL('{}')` is true, so with none every queue counts).
@@ -79,46 +83,33 @@ PURGE_EXPIRED_QUEUE_DLQ_SQL = """
 """
 
 
-@dataclasses.dataclass
-class QueueStorageCleanupResult(CleanupResult):
-    #: DLQ rows deleted by the global pass.
-    dlq_purged: int = 0
-    #: DLQ rows deleted per queue with its own DLQ retention.
-    dlq_purged_by_queue: dict[str, int] = dataclasses.field(default_factory=dict)
-    #: DELETE statements run against the DLQ this tick.
-    dlq_batches: int = 0
-    #: The tick's budget ran out while a pass still had full batches.
-    dlq_budget_exhausted: bool = False
-
-    @property
-    def total_dlq_purged(self) -> int:
-        return self.dlq_purged + sum(self.dlq_purged_by_queue.values())
-
-
-def tick_budget(ctx: MaintenanceContext) -> float:
-    """Seconds one tick may keep taking batches."""
-    return min(ctx.config.drain_time_budget, ctx.config.cleanup_interval / 2)
-
-
-async def run_once(ctx: MaintenanceContext) -> QueueStorageCleanupResult:
-    result = QueueStorageCleanupResult()
-    await purge_expired_dlq(ctx, result)
-    await run_engine_independent_steps(ctx, result)
+async def run_once(ctx: MaintenanceContext) -> CleanupResult:
+    result = CleanupResult()
+    budget = cleanup_budget(ctx)
+    await purge_expired_dlq(ctx, result, budget)
+    await run_engine_independent_steps(ctx, result, budget)
+    if result.unfinished_steps:
+        log.info(
+            "%s: time budget (%gs) spent after %d batches; left for the next tick: %s",
+            NAME,
+            budget.seconds,
+            result.batches + result.dlq_batches,
+            ", ".join(result.unfinished_steps),
+        )
     return result
 
 
-async def purge_expired_dlq(ctx: MaintenanceContext, result: QueueStorageCleanupResult) -> None:
+async def purge_expired_dlq(ctx: MaintenanceContext, result: CleanupResult, budget: DrainBudget) -> None:
     config = ctx.config
     schema = schema_name(ctx)
-    deadline = trio.current_time() + tick_budget(ctx)
     override_queues = sorted(
         queue for queue, policy in config.queue_retention_overrides.items() if policy.dlq is not None
     )
 
-    result.dlq_purged = await _drain(
+    result.dlq_purged = await purge_pass(
         ctx,
         result,
-        deadline,
+        budget,
         None,
         PURGE_EXPIRED_DLQ_SQL.format(schema=schema),
         config.dlq_retention,
@@ -130,49 +121,43 @@ async def purge_expired_dlq(ctx: MaintenanceContext, result: QueueStorageCleanup
     for queue in override_queues:
         retention = config.queue_retention_overrides[queue].dlq
         assert retention is not None  # override_queues holds only queues with one
-        purged = await _drain(
-            ctx,
-            result,
-            deadline,
-            queue,
-            PURGE_EXPIRED_QUEUE_DLQ_SQL.format(schema=schema),
-            retention,
-            queue,
+        purged = await purge_pass(
+            ctx, result, budget, queue, PURGE_EXPIRED_QUEUE_DLQ_SQL.format(schema=schema), retention, queue
         )
         result.dlq_purged_by_queue[queue] = purged
         if purged:
             log.info("%s: purged %d dead-lettered jobs past retention in queue %r", NAME, purged, queue)
 
 
-async def _drain(
+async def purge_pass(
     ctx: MaintenanceContext,
-    result: QueueStorageCleanupResult,
-    deadline: float,
+    result: CleanupResult,
+    budget: DrainBudget,
     queue: str | None,
     sql: str,
     retention: float,
     scope: object,
 ) -> int:
-    """Repeat one pass's batch until it comes back short or the budget is
-    spent; returns the rows deleted. A rejected statement ends the pass
-    (logged, recorded); ConnectionLost and cancellation propagate."""
+    """One pass's batches, drained (resting between full ones) until one
+    comes back short or the budget is spent; returns the rows deleted. A
+    rejected statement ends the pass (logged, recorded); ConnectionLost and
+    cancellation propagate. Each batch is counted in awa.job.dlq_purged at once."""
     batch_size = ctx.config.dlq_cleanup_batch_size
     step = "dead-lettered jobs" + (f" (queue {queue!r})" if queue else " (global pass)")
-    purged = 0
-    while True:
+
+    async def batch() -> BatchOutcome | None:
         try:
             status = await ctx.db.execute(sql, retention, batch_size, scope)
         except QueryError as exc:
             log.error("%s: failed to purge %s: %s", NAME, step, describe_error(exc))
             result.failed_steps.append(step)
-            return purged
-        deleted = int(status.rsplit(" ", 1)[-1])
+            return None
+        deleted = rows_affected(status)
         result.dlq_batches += 1
-        purged += deleted
         ctx.metrics.record_dlq_purged(queue, deleted)
-        if deleted < batch_size:
-            return purged
-        if trio.current_time() >= deadline:
-            result.dlq_budget_exhausted = True
-            log.info("%s: %s: tick budget spent with more to purge; next tick goes on", NAME, step)
-            return purged
+        return BatchOutcome.of(deleted, batch_size)
+
+    outcome = await drain(batch, budget=budget)
+    if not outcome.drained and step not in result.failed_steps:
+        result.unfinished_steps.append(step)
+    return outcome.rows
