@@ -15,10 +15,10 @@ before).
   ``awa.storage.canonical_live_backlog`` and
   ``awa.storage.live_runtime_capability`` (per capability, all three always).
 
-Upstream (awa-worker 0.6.1) records the last five from every
-queue-storage-capable runtime's snapshot tick, with awa-model's storage
-report; awa_trio, leading alone, has no runtime to do it. The meaning is
-upstream's:
+Upstream (awa-worker 0.6.1) records ``awa.job_kind.info`` on every
+runtime's snapshot tick and the four storage gauges on every
+queue-storage-capable one's, from awa-model's storage report; awa_trio,
+leading alone, has no runtime to do it. The meaning is upstream's:
 
 * a runtime is live while ``last_seen_at`` + max(3 x max(its snapshot
   interval, 1 s), 30 s) has not passed (upstream compares in milliseconds;
@@ -38,7 +38,8 @@ upstream's:
 Differences, on purpose: these are observable gauges over the snapshot the
 latest tick read, reported only while the term that read it leads, so a
 state, engine or job kind that changed or vanished stops reporting (upstream
-records synchronous gauges, which repeat every label set they ever saw);
+records synchronous gauges, which repeat every label set they ever saw;
+``awa.queue.info`` is still one here);
 and on finalised queue storage (active engine ``queue_storage``, state not
 ``mixed_transition``) the canonical tables are not read (a least-privilege
 role has no grant on them then): the backlog is reported as 0, which it is
