@@ -120,6 +120,11 @@ AWA_FUNCTIONS = (
     FunctionNeed("insert_job_compat", "cron fires and follow-up jobs"),
     FunctionNeed("job_state_in_bitmask", "unique-claim trigger, insert_job_compat"),
     FunctionNeed("backoff_duration", "rescues: when a rescued job runs again"),
+    FunctionNeed(
+        "canonical_live_backlog",
+        "queue_stats' storage gauges (EXECUTE is checked even where it is not called); "
+        "canonical_drain report during a staged transition",
+    ),
 )
 
 # --- the canonical plane (awa schema) ----------------------------------------------------
@@ -179,7 +184,6 @@ QUEUE_STORAGE_AWA_FUNCTIONS = (
     FunctionNeed("jobs_compat", "behind the awa.jobs view (status)"),
     FunctionNeed("queue_storage_payload_tags", "batch operations' tag filter; awa.jobs"),
     FunctionNeed("queue_storage_payload_errors", "awa.jobs"),
-    FunctionNeed("canonical_live_backlog", "canonical_drain report during a staged transition"),
 )
 
 _RING_CHILD = (SELECT, TRUNCATE)

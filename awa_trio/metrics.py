@@ -7,7 +7,8 @@ provider with an in-memory reader).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 
 from opentelemetry import metrics as otel_metrics
 
@@ -24,11 +25,19 @@ MAINTENANCE_ROTATE_ATTEMPTS = "awa.maintenance.rotate.attempts"
 MAINTENANCE_ROTATE_SKIPPED_ROWS = "awa.maintenance.rotate.skipped_rows"
 MAINTENANCE_PRUNE_ATTEMPTS = "awa.maintenance.prune.attempts"
 MAINTENANCE_PRUNE_SKIPPED_ROWS = "awa.maintenance.prune.skipped_rows"
+# Upstream main (0.7.0-alpha, #442): successful prunes, by ring and phase.
+MAINTENANCE_PRUNE_DURATION = "awa.maintenance.prune.duration"
 RING_CURRENT_SLOT = "awa.ring.current_slot"
 RING_GENERATION = "awa.ring.generation"
 QUEUE_DEPTH = "awa.queue.depth"
 QUEUE_LAG = "awa.queue.lag"
 QUEUE_INFO = "awa.queue.info"
+JOB_KIND_INFO = "awa.job_kind.info"
+# Published upstream by every queue-storage-capable runtime's snapshot tick.
+STORAGE_STATE = "awa.storage.state"
+STORAGE_TRANSITION_READY = "awa.storage.transition_ready"
+STORAGE_CANONICAL_LIVE_BACKLOG = "awa.storage.canonical_live_backlog"
+STORAGE_LIVE_RUNTIME_CAPABILITY = "awa.storage.live_runtime_capability"
 JOB_DLQ_MOVED = "awa.job.dlq_moved"
 JOB_DLQ_PURGED = "awa.job.dlq_purged"
 JOB_DLQ_DEPTH = "awa.job.dlq_depth"
@@ -52,6 +61,21 @@ ATTR_RING = "awa.ring"
 ATTR_RING_OUTCOME = "awa.ring.outcome"
 ATTR_RING_BLOCKER = "awa.ring.blocker"
 ATTR_RING_REASON = "awa.ring.reason"
+ATTR_MAINTENANCE_PHASE = "awa.maintenance.phase"
+ATTR_STORAGE_STATE = "awa.storage.state"
+ATTR_STORAGE_CURRENT_ENGINE = "awa.storage.current_engine"
+ATTR_STORAGE_ACTIVE_ENGINE = "awa.storage.active_engine"
+ATTR_STORAGE_PREPARED_ENGINE = "awa.storage.prepared_engine"
+ATTR_STORAGE_ACTION = "awa.storage.action"
+ATTR_STORAGE_CAPABILITY = "awa.storage.capability"
+
+#: awa.storage.transition_ready's actions.
+ACTION_ENTER_MIXED_TRANSITION = "enter_mixed_transition"
+ACTION_FINALIZE = "finalize"
+#: Capabilities awa.storage.live_runtime_capability always reports (0 when none).
+STORAGE_CAPABILITIES = ("canonical", "canonical_drain_only", "queue_storage")
+#: Phases of awa.maintenance.prune.duration, in the order they run.
+PRUNE_PHASES = ("lock", "truncate", "commit")
 
 DURATION_BUCKETS_SECONDS = (
     0.001,
@@ -69,6 +93,30 @@ DURATION_BUCKETS_SECONDS = (
     30.0,
     60.0,
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class InfoSnapshot:
+    """What the descriptor and storage gauges report, as queue_stats last
+    read it (see :mod:`awa_trio.queue_info`). Observed, never pushed: only
+    the latest label sets are reported, and only in the term that read them."""
+
+    state: str
+    current_engine: str
+    active_engine: str
+    prepared_engine: str | None
+    #: ``awa.canonical_live_backlog()``; 0 without reading it on finalised
+    #: queue storage (see ``canonical_backlog_read``).
+    canonical_live_backlog: int
+    canonical_backlog_read: bool
+    enter_mixed_transition_ready: bool
+    finalize_ready: bool
+    #: Live runtimes per storage capability (every STORAGE_CAPABILITIES key).
+    live_runtime_capability: Mapping[str, int]
+    #: Attributes of one awa.job_kind.info series per declared job kind.
+    job_kinds: tuple[Mapping[str, str], ...] = ()
+    #: The leadership term (its start time) that read it; set by the metrics.
+    term: float | None = None
 
 
 class MaintenanceMetrics:
@@ -128,6 +176,12 @@ class MaintenanceMetrics:
             unit="{row}",
             description="Magnitude of the reason count on a SkippedActive prune",
         )
+        self.prune_duration = meter.create_histogram(
+            MAINTENANCE_PRUNE_DURATION,
+            unit="s",
+            description="Successful ring prune latency by ring and database phase (lock/truncate/commit)",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_SECONDS,
+        )
         self.ring_current_slot = meter.create_gauge(
             RING_CURRENT_SLOT,
             unit="{slot}",
@@ -186,6 +240,38 @@ class MaintenanceMetrics:
             unit="1",
             description="Generation of the settings in force on the leader (1 at start, +1 per reload)",
         )
+        #: Read by the observable gauges below; replaced by queue_stats.
+        self._info_snapshot: InfoSnapshot | None = None
+        meter.create_observable_gauge(
+            JOB_KIND_INFO,
+            callbacks=[self._observe_job_kind_info],
+            unit="{kind}",
+            description="Declared job-kind descriptors (always 1; use as a label-join target)",
+        )
+        meter.create_observable_gauge(
+            STORAGE_STATE,
+            callbacks=[self._observe_storage_state],
+            unit="{state}",
+            description="Current storage transition state and engine combination (always 1)",
+        )
+        meter.create_observable_gauge(
+            STORAGE_TRANSITION_READY,
+            callbacks=[self._observe_transition_ready],
+            unit="{state}",
+            description="Storage transition readiness by action (1 = ready, 0 = blocked)",
+        )
+        meter.create_observable_gauge(
+            STORAGE_CANONICAL_LIVE_BACKLOG,
+            callbacks=[self._observe_canonical_live_backlog],
+            unit="{job}",
+            description="Current canonical live backlog during a storage transition",
+        )
+        meter.create_observable_gauge(
+            STORAGE_LIVE_RUNTIME_CAPABILITY,
+            callbacks=[self._observe_live_runtime_capability],
+            unit="{runtime}",
+            description="Current live runtime count by reported storage capability",
+        )
         # A synchronous gauge reports its last value until told otherwise, so
         # a queue that drained or vanished would show its old lag or depth
         # forever (and an alert on it would never clear). These remember what
@@ -228,6 +314,75 @@ class MaintenanceMetrics:
     def _observe_generation(self, options: object) -> Iterable[otel_metrics.Observation]:
         reading = self._live_settings() if self._live_settings is not None else None
         return [] if reading is None else [otel_metrics.Observation(reading[0])]
+
+    # -- descriptor and storage snapshot (observable gauges) -------------------
+
+    def set_info_snapshot(self, snapshot: InfoSnapshot | None) -> None:
+        """Replace what the job-kind and storage gauges report. Stamped with
+        the current term: reported only while that term leads. Read outside
+        a term (the lock was lost meanwhile), it is dropped."""
+        if snapshot is not None and self._leadership is not None:
+            leading, started = self._leadership()
+            snapshot = dataclasses.replace(snapshot, term=started) if leading else None
+        self._info_snapshot = snapshot
+
+    def clear_info_snapshot(self) -> None:
+        self._info_snapshot = None
+
+    def info_snapshot(self) -> InfoSnapshot | None:
+        """The snapshot to report now: none unless the term that read it
+        still leads (any snapshot, without a leadership source)."""
+        snapshot = self._info_snapshot
+        if snapshot is None or self._leadership is None:
+            return snapshot
+        leading, started = self._leadership()
+        return snapshot if leading and started == snapshot.term else None
+
+    def _observe_job_kind_info(self, options: object) -> Iterable[otel_metrics.Observation]:
+        snapshot = self.info_snapshot()
+        if snapshot is None:
+            return []
+        return [otel_metrics.Observation(1, dict(attributes)) for attributes in snapshot.job_kinds]
+
+    def _observe_storage_state(self, options: object) -> Iterable[otel_metrics.Observation]:
+        snapshot = self.info_snapshot()
+        if snapshot is None:
+            return []
+        attributes = {
+            ATTR_STORAGE_STATE: snapshot.state,
+            ATTR_STORAGE_CURRENT_ENGINE: snapshot.current_engine,
+            ATTR_STORAGE_ACTIVE_ENGINE: snapshot.active_engine,
+        }
+        if snapshot.prepared_engine is not None:  # upstream leaves the label out
+            attributes[ATTR_STORAGE_PREPARED_ENGINE] = snapshot.prepared_engine
+        return [otel_metrics.Observation(1, attributes)]
+
+    def _observe_transition_ready(self, options: object) -> Iterable[otel_metrics.Observation]:
+        snapshot = self.info_snapshot()
+        if snapshot is None:
+            return []
+        return [
+            otel_metrics.Observation(
+                int(snapshot.enter_mixed_transition_ready),
+                {ATTR_STORAGE_ACTION: ACTION_ENTER_MIXED_TRANSITION},
+            ),
+            otel_metrics.Observation(int(snapshot.finalize_ready), {ATTR_STORAGE_ACTION: ACTION_FINALIZE}),
+        ]
+
+    def _observe_canonical_live_backlog(self, options: object) -> Iterable[otel_metrics.Observation]:
+        snapshot = self.info_snapshot()
+        if snapshot is None:
+            return []
+        return [otel_metrics.Observation(snapshot.canonical_live_backlog)]
+
+    def _observe_live_runtime_capability(self, options: object) -> Iterable[otel_metrics.Observation]:
+        snapshot = self.info_snapshot()
+        if snapshot is None:
+            return []
+        return [
+            otel_metrics.Observation(count, {ATTR_STORAGE_CAPABILITY: capability})
+            for capability, count in snapshot.live_runtime_capability.items()
+        ]
 
     def record_branch_overrun(self, branch: str) -> None:
         self.branch_overrun.add(1, {ATTR_BRANCH: branch})
@@ -317,13 +472,26 @@ class MaintenanceMetrics:
             )
 
     def record_prune(
-        self, ring: str, outcome: str, reason: str | None = None, count: int | None = None
+        self,
+        ring: str,
+        outcome: str,
+        reason: str | None = None,
+        count: int | None = None,
+        phase_seconds: Mapping[str, float] | None = None,
     ) -> None:
-        """``outcome``: noop, pruned, blocked or skipped_active (with reason and count)."""
+        """``outcome``: noop, pruned, blocked or skipped_active (with reason and
+        count). ``phase_seconds`` (lock, truncate, commit) of a pruned one go
+        to awa.maintenance.prune.duration, as upstream main records them."""
         attributes = {ATTR_RING: ring, ATTR_RING_OUTCOME: outcome, ATTR_RING_REASON: reason or "none"}
         self.prune_attempts.add(1, attributes)
         if count is not None:
             self.prune_skipped_rows.record(count, attributes)
+        if outcome == "pruned" and phase_seconds:
+            for phase in PRUNE_PHASES:
+                if phase in phase_seconds:
+                    self.prune_duration.record(
+                        phase_seconds[phase], {ATTR_RING: ring, ATTR_MAINTENANCE_PHASE: phase}
+                    )
 
     def record_dlq_moved(self, kind: str, queue: str, reason: str, count: int = 1) -> None:
         if count:

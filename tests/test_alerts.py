@@ -27,9 +27,9 @@ PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is not installed (apt-get install prometheus)"
 )
-#: Series the transition rules read that upstream's runtimes export and
-#: awa_trio, leading alone, does not (yet).
-EMITTED_BY_AWA_PG_RUNTIMES = {"awa_storage_state", "awa_storage_transition_ready"}
+#: Series the rules read that only upstream's runtimes export, not awa_trio
+#: leading alone: none (the storage-transition gauges come from queue_stats).
+EMITTED_BY_AWA_PG_RUNTIMES: set[str] = set()
 #: A metric name in a PromQL expression (awa_trio's and Awa's series only).
 METRIC_NAME_RE = re.compile(r"\b(awa_[a-z0-9_]+)\b")
 
@@ -151,9 +151,8 @@ async def test_every_metric_the_rules_and_dashboard_query_is_in_a_real_scrape(qs
         soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
         for _ in range(3):
             await in_thread(qs_awa_client.insert, {}, kind="alerts_later", queue="alerts", run_at=soon)
-        # The storage-transition gauges come from awa-pg runtimes (upstream's
-        # snapshot publisher); awa_trio does not emit them yet.
         wanted = (metric_names_in_rules() | metric_names(dashboard_expressions())) - EMITTED_BY_AWA_PG_RUNTIMES
+        assert {"awa_storage_state", "awa_storage_transition_ready"} <= wanted
         missing: set[str] = wanted
         with trio.move_on_after(45):
             while missing:

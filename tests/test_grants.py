@@ -23,8 +23,10 @@ import awa
 import pytest
 import trio
 from conftest import _admin, _drop, _make_queue_storage, dsn_for, in_thread
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from support.contexts import make_context
-from support.helpers import dirty_admin_tables
+from support.helpers import dirty_admin_tables, metric_points
 from support.qs_claims import relfilenode
 from support.qs_dlq import add_bulk_dlq_rows, dlq_ids
 from support.qs_jobs import deferred_count, insert_one_scheduled, make_due, make_retryable, ready_count
@@ -44,6 +46,7 @@ from awa_trio.grants import (
     planes,
     warn_about_missing_privileges,
 )
+from awa_trio.metrics import STORAGE_STATE
 from awa_trio.queue_storage import rotate_lease, rotate_queue, terminal_count_rollup
 from awa_trio.schema import SchemaInfo
 from awa_trio.status import collect_status
@@ -582,9 +585,24 @@ async def test_the_printed_grants_lead_queue_storage(
     work.update(await batch_operation_work(qs_db, qs_awa_client))
     url = as_role(qs_database_url, qs_role)
 
-    status = await lead_until(url, lambda: queue_storage_work_done(qs_db, work), periodic_jobs=[TICK])
+    # The leader's own provider: observable gauges are registered once per
+    # provider, and qs_ctx's metrics hold the fixture's.
+    metric_reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[metric_reader])
+    storage_state: list = []
+
+    async def done() -> bool:
+        # The storage gauges as the role read them (no canonical table on finalised queue storage).
+        storage_state[:] = metric_points(metric_reader, STORAGE_STATE)
+        return bool(storage_state) and await queue_storage_work_done(qs_db, work)
+
+    try:
+        status = await lead_until(url, done, periodic_jobs=[TICK], meter_provider=meter_provider)
+    finally:
+        meter_provider.shutdown()
 
     assert_no_privilege_trouble(status, caplog)
+    assert [attrs["awa.storage.state"] for attrs, _ in storage_state] == ["active"]
     async with open_database(url) as role_db:
         await rollup_as(role_db, qs_db)
         report = await collect_status(role_db)

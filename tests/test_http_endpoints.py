@@ -159,7 +159,8 @@ async def test_a_branch_error_shows_in_status_and_as_a_metric(database_url, db):
 
 async def test_every_series_of_awas_grafana_dashboard_is_scraped(qs_database_url, qs_db, qs_awa_client):
     """Queue storage, with a stale running job (rescue), due jobs (promotion),
-    a declared queue (awa_queue_info) and busy ring slots (skipped rotations)."""
+    a declared queue (awa_queue_info) and job kind (awa_job_kind_info) and
+    busy ring slots (skipped rotations)."""
     import datetime as dt
 
     from support.awa_pg import awa_pg_worker
@@ -167,6 +168,9 @@ async def test_every_series_of_awas_grafana_dashboard_is_scraped(qs_database_url
     await qs_db.execute(
         "INSERT INTO awa.queue_descriptors (queue, display_name, owner, tags, descriptor_hash) "
         "VALUES ('grafana_declared', 'Grafana queue', 'ops@example.com', '{a,b}', 'h')")
+    await qs_db.execute(
+        "INSERT INTO awa.job_kind_descriptors (kind, display_name, owner, tags, descriptor_hash) "
+        "VALUES ('grafana_kind', 'Grafana kind', 'ops@example.com', '{c,d}', 'h')")
     provider = prometheus_meter_provider()
     service = MaintenanceService(qs_database_url, FAST, http_address="127.0.0.1:0",
                                  meter_provider=provider)

@@ -293,10 +293,17 @@ async def test_reader_holding_access_share_blocks_the_claim_prune_until_it_lets_
     finally:
         await finish(reader)
 
+    assert metric_points(metric_reader, "awa.maintenance.prune.duration") == []
+
     pruned = await rotate_claim.run_once(ctx)
     assert pruned.prune.outcome is PruneOutcome.PRUNED
     assert pruned.prune.slot == 0
     assert set((await claim_slot_rows(db, 0)).values()) == {0}
+    # awa.maintenance.prune.duration: one point per phase of the prune that truncated.
+    durations = metric_points(metric_reader, "awa.maintenance.prune.duration")
+    assert sorted((a["awa.ring"], a["awa.maintenance.phase"], p.count) for a, p in durations) == [
+        ("claim", "commit", 1), ("claim", "lock", 1), ("claim", "truncate", 1)]
+    assert all(0 < p.sum < 5 for _, p in durations)
     assert await relfilenode(db, "awa.lease_claims_0") != filenode
     assert await db.fetchval(
         "SELECT rescue_cursor_claimed_at = '-infinity' AND rescue_cursor_job_id = 0"

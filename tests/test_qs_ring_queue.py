@@ -263,6 +263,35 @@ async def test_a_reader_blocks_prune_until_it_lets_go(qs_ctx, qs_awa_client, qs_
     assert (await ring_state(qs_ctx.db))[0] == slot
 
 
+async def test_a_pruning_tick_records_lock_truncate_and_commit_durations(
+        qs_ctx, qs_awa_client, qs_database_url, metric_reader):
+    """awa.maintenance.prune.duration (upstream main, #442): one point per
+    phase for a prune that truncated, none for one a lock blocked."""
+    slot, _ = await ring_state(qs_ctx.db)
+    ids = await insert_jobs(qs_awa_client, 3, kind="ring_done")
+    await finish_jobs(qs_database_url, qs_ctx.db, qs_awa_client, "ring_done", "complete", ids)
+    await rotate_queue.rotate(qs_ctx)
+    holder = await access_share_holder(qs_ctx.db, child("awa", "done_entries", slot))
+    try:
+        blocked = await rotate_queue.run_once(qs_ctx)
+    finally:
+        await holder.close()
+    assert blocked.prune.outcome is PruneOutcome.BLOCKED
+    assert metric_points(metric_reader, "awa.maintenance.prune.duration") == []
+
+    pruned = await rotate_queue.run_once(qs_ctx)
+    assert (pruned.prune.outcome, pruned.prune.slot) == (PruneOutcome.PRUNED, slot)
+    assert await slot_row_counts(qs_ctx.db, slot) == {label: 0 for label, _ in QUEUE_SLOT_CHILDREN}
+    points = {attrs["awa.maintenance.phase"]: (attrs, point)
+              for attrs, point in metric_points(metric_reader, "awa.maintenance.prune.duration")}
+    assert sorted(points) == ["commit", "lock", "truncate"]
+    for phase, (attrs, point) in points.items():
+        assert attrs == {"awa.ring": "queue", "awa.maintenance.phase": phase}
+        assert point.count == 1 and 0 < point.sum < 5, (phase, point)
+        assert tuple(point.explicit_bounds)[:3] == (0.001, 0.005, 0.010)
+    assert pruned.prune.phase_seconds == {phase: point.sum for phase, (_, point) in points.items()}
+
+
 async def test_failed_rows_inside_the_floor_survive_prune_and_stay_retryable(
         qs_database_url, qs_db, qs_awa_client, meter_provider):
     ctx = await make_context(qs_db, meter_provider=meter_provider, failed_retention=DAY)

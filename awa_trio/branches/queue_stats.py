@@ -33,7 +33,7 @@ import dataclasses
 import logging
 
 from ..context import MaintenanceContext
-from ..queue_info import publish_queue_info
+from ..queue_info import publish_info
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,6 @@ async def run_once(ctx: MaintenanceContext) -> QueueStatsResult:
         ctx.metrics.record_queue_lag(stats.queue, stats.lag_seconds)
         result.queues.append(stats)
     ctx.metrics.zero_vanished_queues({stats.queue for stats in result.queues}, DEPTH_STATES)
-    await publish_queue_info(ctx)
+    await publish_info(ctx)
     log.debug("%s: published depth and lag of %d queues", NAME, len(result.queues))
     return result

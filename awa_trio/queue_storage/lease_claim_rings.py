@@ -42,6 +42,7 @@ the cursor row, as above.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from ..context import MaintenanceContext
 from ..db import QueryError
@@ -277,6 +278,7 @@ async def prune_oldest(
             return PruneResult(outcome=PruneOutcome.NOOP, slot=oldest[0], details={"empty": True})
     ring_sql = {"schema": schema, "ring": tables.ring}
     slot: int | None = None
+    phase_seconds: dict[str, float] = {}
     try:
         # Read committed whatever the database default, as the queue ring:
         # the gates after the lock wait must see what committed during it.
@@ -300,7 +302,9 @@ async def prune_oldest(
 
             await conn.execute(SET_LOCAL_LOCK_TIMEOUT_SQL, f"{max(1, round(lock_timeout * 1000))}ms")
             children = ", ".join(tables.child_tables(schema, slot))
+            locking = time.perf_counter()
             await conn.execute(LOCK_CHILDREN_SQL.format(children=children))
+            phase_seconds["lock"] = time.perf_counter() - locking
 
             if int(await conn.fetchval(CURRENT_SLOT_SQL.format(**ring_sql))) == slot:
                 return _skipped(slot, tables.current_reason, 0, after_lock=True)
@@ -308,14 +312,18 @@ async def prune_oldest(
             if live:
                 return _skipped(slot, tables.live_reason, live, after_lock=True)
 
+            truncating = time.perf_counter()
             await conn.execute(TRUNCATE_CHILDREN_SQL.format(children=children))
+            phase_seconds["truncate"] = time.perf_counter() - truncating
             if tables.after_truncate_sql is not None:
                 await conn.execute(tables.fill(tables.after_truncate_sql, schema, slot))
-            return PruneResult(outcome=PruneOutcome.PRUNED, slot=slot)
+            committing = time.perf_counter()
     except QueryError as exc:
         if exc.sqlstate == LOCK_NOT_AVAILABLE:
             return PruneResult(outcome=PruneOutcome.BLOCKED, slot=slot)
         raise
+    phase_seconds["commit"] = time.perf_counter() - committing
+    return PruneResult(outcome=PruneOutcome.PRUNED, slot=slot, phase_seconds=phase_seconds)
 
 
 def _skipped(slot: int, reason: str, count: int, *, after_lock: bool) -> PruneResult:

@@ -50,7 +50,7 @@ from typing import Any
 from ..branches.queue_stats import DEPTH_STATES
 from ..context import MaintenanceContext
 from ..db import Connection, QueryError, describe_error
-from ..queue_info import publish_queue_info
+from ..queue_info import publish_info
 from .layout import schema_name
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ async def run_once(ctx: MaintenanceContext) -> QueueStatsResult:
         )
         for queue in result.vanished:
             ctx.metrics.record_dlq_depth(queue, 0)
-    await publish_queue_info(ctx)
+    await publish_info(ctx)
     log.debug("%s: published depth and lag of %d queues", NAME, len(result.queues))
     return result
 

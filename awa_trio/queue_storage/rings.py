@@ -68,6 +68,9 @@ class PruneResult:
     count: int | None = None
     #: Extra figures for logs and tests (rows carried forward, deltas folded, ...).
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Seconds of a PRUNED attempt's lock, truncate and commit statements
+    #: (``awa.maintenance.prune.duration``; filled in as each one ends).
+    phase_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -137,7 +140,9 @@ def record_rotate(ctx: MaintenanceContext, ring: str, outcome: RotateResult, bra
 
 
 def record_prune(ctx: MaintenanceContext, ring: str, outcome: PruneResult, branch: str) -> None:
-    ctx.metrics.record_prune(ring, outcome.outcome.value, outcome.reason, outcome.count)
+    ctx.metrics.record_prune(
+        ring, outcome.outcome.value, outcome.reason, outcome.count, outcome.phase_seconds
+    )
     if outcome.outcome is PruneOutcome.PRUNED:
         log.debug("%s: pruned %s ring slot %s %s", branch, ring, outcome.slot, outcome.details or "")
     elif outcome.outcome is PruneOutcome.BLOCKED:

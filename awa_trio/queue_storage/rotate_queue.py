@@ -48,6 +48,7 @@ Concurrent writers, and what makes each pair safe:
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ..context import MaintenanceContext
@@ -149,9 +150,13 @@ async def prune(
     floor = max(0.0, float(ctx.config.failed_retention))
     try:
         async with ctx.db.transaction(isolation=sql.READ_COMMITTED) as conn:
-            return await _prune_in_transaction(ctx, conn, schema, floor, lock_timeout, defer_idle_carry)
+            result = await _prune_in_transaction(ctx, conn, schema, floor, lock_timeout, defer_idle_carry)
+            committing = time.perf_counter()
     except _Blocked as blocked:
         return PruneResult(PruneOutcome.BLOCKED, slot=blocked.args[0])
+    if result.outcome is PruneOutcome.PRUNED:
+        result.phase_seconds["commit"] = time.perf_counter() - committing
+    return result
 
 
 async def _prune_in_transaction(
@@ -198,12 +203,14 @@ async def _prune_in_transaction(
 
     children = ", ".join(sql.slot_children(schema, slot))
     await conn.execute(sql.SET_LOCK_TIMEOUT_SQL, f"{max(1, round(lock_timeout * 1000))}ms")
+    locking = time.perf_counter()
     try:
         await conn.execute(sql.LOCK_SLOT_SQL.format(children=children))
     except QueryError as exc:
         if exc.sqlstate == LOCK_NOT_AVAILABLE:
             raise _Blocked(slot) from exc
         raise
+    lock_seconds = time.perf_counter() - locking
 
     # A producer or claimer that committed while we waited is visible now
     # (read committed: every statement takes a fresh snapshot).
@@ -231,7 +238,9 @@ async def _prune_in_transaction(
     folded = await _fetch_one(
         conn, sql.FOLD_INTO_ROLLUPS_SQL.format(schema=schema, **names), floor, floor > 0
     )
+    truncating = time.perf_counter()
     await conn.execute(sql.TRUNCATE_SLOT_SQL.format(children=children))
+    truncate_seconds = time.perf_counter() - truncating
     await conn.execute(sql.DELETE_SLOT_LIVE_COUNTS_SQL.format(schema=schema), slot)
     if carried:
         log.debug(
@@ -251,6 +260,7 @@ async def _prune_in_transaction(
             "folded_completed": int(folded["completed"]),
             "folded_failed": int(folded["failed"]),
         },
+        phase_seconds={"lock": lock_seconds, "truncate": truncate_seconds},
     )
 
 
