@@ -33,7 +33,7 @@ leading alone, has no runtime to do it. The meaning is upstream's:
 * finalize is ready in ``mixed_transition`` with ``queue_storage`` prepared,
   a backlog of 0, and no live runtime whose capability keeps
   ``awa.storage_finalize()`` waiting (canonical and drain-only on schema 39,
-  canonical only from schema 40: see ``canonical_drain.FINALIZE_BLOCKERS``).
+  canonical only from schema 40: see :data:`FINALIZE_BLOCKERS`).
 
 Differences, on purpose: these are observable gauges over the snapshot the
 latest tick read, reported only while the term that read it leads, so a
@@ -54,8 +54,18 @@ from typing import Any
 
 from .context import MaintenanceContext
 from .metrics import STORAGE_CAPABILITIES, InfoSnapshot
-from .queue_storage.canonical_drain import FINALIZE_BLOCKERS
 from .schema import CANONICAL, QUEUE_STORAGE, STATE_CANONICAL, STATE_MIXED_TRANSITION, STATE_PREPARED
+
+#: Runtime capabilities whose live snapshots keep awa.storage_finalize()
+#: waiting, by schema version: schema 40 (Awa 0.6.2+) lets drained drain-only
+#: runtimes stay up through finalize.
+FINALIZE_BLOCKERS = {
+    39: ("canonical", "canonical_drain_only"),
+    40: ("canonical",),
+}
+#: The job states awa.queue.depth reports (upstream's list).
+DEPTH_STATES = ("available", "running", "failed", "scheduled", "retryable", "waiting_external")
+
 
 #: Relations a prepared queue-storage schema must hold before routing may flip
 #: (upstream's readiness list: the sequences and tables its runtimes use).

@@ -27,7 +27,7 @@ from awa_trio.metrics import (
     MaintenanceMetrics,
 )
 from awa_trio.queue_info import publish_info
-from awa_trio.queue_storage import canonical_drain
+from awa_trio import queue_info
 from awa_trio.queue_storage import queue_stats as qs_queue_stats
 
 STORAGE_GAUGES = (
@@ -216,7 +216,7 @@ async def test_mixed_transition_finalize_waits_for_the_backlog_and_blocking_runt
     # A live drain-only runtime blocks finalize on schema 39 (Awa 0.6.1), not from 40.
     drain = await runtime(db, "canonical_drain_only", "canonical_drain")
     await publish_info(ctx)
-    blocks = "canonical_drain_only" in canonical_drain.FINALIZE_BLOCKERS[ctx.schema.version]
+    blocks = "canonical_drain_only" in queue_info.FINALIZE_BLOCKERS[ctx.schema.version]
     assert gauges(metric_reader)[STORAGE_TRANSITION_READY]["finalize"] == (0 if blocks else 1)
     await db.execute("DELETE FROM awa.runtime_instances WHERE instance_id = $1", drain)
     # A live canonical runtime blocks it on every schema.

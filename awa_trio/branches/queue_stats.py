@@ -33,13 +33,13 @@ import dataclasses
 import logging
 
 from ..context import MaintenanceContext
-from ..queue_info import publish_info
+from ..queue_info import DEPTH_STATES, publish_info
 
 log = logging.getLogger(__name__)
 
+__all__ = ["DEPTH_STATES", "NAME", "run_once"]
+
 NAME = "queue_stats"
-#: States published as awa.queue.depth (upstream's set; terminal states are not depth).
-DEPTH_STATES = ("available", "running", "failed", "scheduled", "retryable", "waiting_external")
 
 # all_queues: every source of queue names upstream's overview unions.
 # Lag: the dequeue index is (queue, priority, run_at, id) WHERE available, so

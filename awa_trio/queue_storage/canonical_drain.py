@@ -73,8 +73,10 @@ from ..branches.rescue import (
 from ..context import MaintenanceContext
 from ..jobs import JOB_COLUMNS
 from ..maintenance.rescue import RescueResult
+from ..queue_info import FINALIZE_BLOCKERS
 
 log = logging.getLogger(__name__)
+
 
 NAME = "canonical_drain"
 #: The plane label in this module's log lines.
@@ -112,13 +114,6 @@ DRAIN_STATUS_SQL = """
                OR transition_role = 'canonical_drain'
         ) AS canonical_runners
 """
-#: Runtime capabilities whose live snapshots keep awa.storage_finalize()
-#: waiting, by schema version: schema 40 (Awa 0.6.2+) lets drained drain-only
-#: runtimes stay up through finalize.
-FINALIZE_BLOCKERS = {
-    39: ("canonical", "canonical_drain_only"),
-    40: ("canonical",),
-}
 
 RunOnce = Callable[[MaintenanceContext], Awaitable[Any]]
 

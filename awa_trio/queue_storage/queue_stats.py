@@ -47,10 +47,9 @@ import dataclasses
 import logging
 from typing import Any
 
-from ..branches.queue_stats import DEPTH_STATES
 from ..context import MaintenanceContext
 from ..db import Connection, QueryError, describe_error
-from ..queue_info import publish_info
+from ..queue_info import DEPTH_STATES, publish_info
 from .layout import schema_name
 
 log = logging.getLogger(__name__)
