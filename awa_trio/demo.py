@@ -22,12 +22,12 @@ import sys
 
 import trio
 
-from .branches import rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from .config import MaintenanceConfig
 from .cron import PeriodicJob
 from .db import open_database
+from .engines.canonical import rescue_callbacks, rescue_deadlines, rescue_heartbeats
+from .engines.queue_storage import rescue_heartbeats as qs_rescue_heartbeats
 from .http_api import prometheus_meter_provider
-from .queue_storage import rescue_heartbeats as qs_rescue_heartbeats
 from .schema import QUEUE_STORAGE, SchemaInfo, read_schema
 from .service import MaintenanceService
 

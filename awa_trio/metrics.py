@@ -98,7 +98,7 @@ DURATION_BUCKETS_SECONDS = (
 @dataclasses.dataclass(frozen=True)
 class InfoSnapshot:
     """What the descriptor and storage gauges report, as queue_stats last
-    read it (see :mod:`awa_trio.queue_info`). Observed, never pushed: only
+    read it (see :mod:`awa_trio.maintenance.queue_info`). Observed, never pushed: only
     the latest label sets are reported, and only in the term that read them."""
 
     state: str

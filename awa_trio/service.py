@@ -31,7 +31,6 @@ import trio
 from opentelemetry.metrics import MeterProvider
 
 from .branch import BranchSpec
-from .branches.registry import default_branches, every_branch_name
 from .config import MaintenanceConfig
 from .context import MaintenanceContext
 from .cron import PeriodicJob, validate_periodic_jobs
@@ -42,6 +41,7 @@ from .leadership import LeaderElector, LeadershipState
 from .live import LiveSettings, ReloadRequest, ReloadResult
 from .logs import CURRENT_TERM
 from .metrics import MaintenanceMetrics
+from .registry import default_branches, every_branch_name
 from .schema import (
     CANONICAL,
     SUPPORTED_SCHEMA_VERSIONS,

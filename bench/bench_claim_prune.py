@@ -30,7 +30,7 @@ import _common
 import trio
 
 from awa_trio.db import open_database
-from awa_trio.queue_storage import lease_claim_rings, rotate_claim, rotate_lease
+from awa_trio.engines.queue_storage import lease_claim_rings, rotate_claim, rotate_lease
 from awa_trio.tracker import PruneOutcome
 
 SIZES = (1_000, 10_000, 50_000)

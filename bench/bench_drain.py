@@ -171,10 +171,10 @@ def run_rates(dsn_rows: list[tuple[str, int]], batch_sizes: list[int]) -> list[l
     import trio
 
     sys.path.insert(0, str(ROOT))
-    from awa_trio.branches import cleanup
     from awa_trio.config import MaintenanceConfig
     from awa_trio.context import MaintenanceContext
     from awa_trio.db import open_database
+    from awa_trio.engines.canonical import cleanup
     from awa_trio.metrics import MaintenanceMetrics
     from awa_trio.schema import check_schema
 
@@ -224,10 +224,10 @@ def run_other_batches(dsn: str, jobs: int) -> list[list[object]]:
     import trio
 
     sys.path.insert(0, str(ROOT))
-    from awa_trio.branches import priority_aging, rescue_heartbeats
     from awa_trio.config import MaintenanceConfig
     from awa_trio.context import MaintenanceContext
     from awa_trio.db import open_database
+    from awa_trio.engines.canonical import priority_aging, rescue_heartbeats
     from awa_trio.metrics import MaintenanceMetrics
     from awa_trio.schema import check_schema
 

@@ -29,8 +29,8 @@ import trio
 from awa_trio.config import MaintenanceConfig
 from awa_trio.context import MaintenanceContext
 from awa_trio.db import open_database
+from awa_trio.engines.queue_storage import cleanup
 from awa_trio.metrics import MaintenanceMetrics
-from awa_trio.queue_storage import cleanup
 from awa_trio.schema import check_schema
 
 UPSTREAM_ROWS_PER_SECOND = 1000 / 60

@@ -6,7 +6,7 @@ scheduled an hour ahead (half through awa-pg's ``enqueue_many_copy``, with a
 NULL payload, half through ``insert_many_copy``); then one UPDATE makes them
 all due at once, and we time until ``deferred_jobs`` is empty.
 
-* awa_trio: ``awa_trio.queue_storage.promote.run_once`` called in-process,
+* awa_trio: ``awa_trio.engines.queue_storage.promote.run_once`` called in-process,
   tick after tick (the same body its branch actor runs every
   ``promote_interval``), until nothing is left;
 * awa-pg 0.6.1: a runtime leading alone, ``promote_interval`` 250 ms. Past
@@ -36,8 +36,8 @@ import trio
 from awa_trio.config import MaintenanceConfig
 from awa_trio.context import MaintenanceContext
 from awa_trio.db import open_database
+from awa_trio.engines.queue_storage import promote
 from awa_trio.metrics import MaintenanceMetrics
-from awa_trio.queue_storage import promote
 from awa_trio.schema import check_schema
 
 

@@ -30,9 +30,9 @@ import trio
 from awa_trio.config import MaintenanceConfig
 from awa_trio.context import MaintenanceContext
 from awa_trio.db import open_database
+from awa_trio.engines.queue_storage import rotate_queue
 from awa_trio.leadership import LOCK_KEY
 from awa_trio.metrics import MaintenanceMetrics
-from awa_trio.queue_storage import rotate_queue
 from awa_trio.schema import check_schema
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"

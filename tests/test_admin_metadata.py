@@ -6,7 +6,7 @@ from conftest import in_thread
 from support.contexts import make_context
 from support.helpers import dirty_admin_keys
 
-from awa_trio.branches import admin_metadata
+from awa_trio.engines.canonical import admin_metadata
 
 
 async def insert_jobs(awa_client, kind: str, queue: str, count: int) -> list[int]:

@@ -21,7 +21,9 @@ from support.contexts import make_context
 from support.helpers import metric_points, status_report
 
 from awa_trio import MaintenanceConfig, MaintenanceService
-from awa_trio.branches import (
+from awa_trio.config import RetentionPolicy
+from awa_trio.db import QueryError
+from awa_trio.engines.canonical import (
     admin_metadata,
     cleanup,
     promote,
@@ -30,8 +32,6 @@ from awa_trio.branches import (
     rescue_deadlines,
     rescue_heartbeats,
 )
-from awa_trio.config import RetentionPolicy
-from awa_trio.db import QueryError
 from awa_trio.metrics import ATTR_JOB_QUEUE, ATTR_JOB_STATE, QUEUE_DEPTH
 
 QUEUE = "bad_rows"

@@ -16,8 +16,8 @@ from conftest import in_thread
 from support.contexts import make_context
 from support.helpers import advisory_lock_holders, dirty_admin_keys, dirty_admin_tables
 
-from awa_trio.branches import batch_operations
-from awa_trio.branches.batch_operations import CANONICAL_STORAGE, RUNNER_LOCK_KEY, run_once
+from awa_trio.engines.canonical import batch_operations
+from awa_trio.engines.canonical.batch_operations import CANONICAL_STORAGE, RUNNER_LOCK_KEY, run_once
 from awa_trio.maintenance import batch_operations as runner
 
 ORIGINAL_PRIORITY = "_awa_original_priority"

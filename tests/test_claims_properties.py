@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.contexts import make_context
 
-from awa_trio.branches import promote, rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from awa_trio.db import UniqueViolation, open_database
+from awa_trio.engines.canonical import promote, rescue_callbacks, rescue_deadlines, rescue_heartbeats
 
 STATE_BITS = {
     "scheduled": 0, "available": 1, "running": 2, "completed": 3,

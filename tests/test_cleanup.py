@@ -9,8 +9,8 @@ import trio
 from conftest import in_thread
 from support.contexts import make_context
 
-from awa_trio.branches import cleanup
 from awa_trio.config import RetentionPolicy
+from awa_trio.engines.canonical import cleanup
 
 HOUR = 3600
 
@@ -319,7 +319,7 @@ async def test_a_failing_step_is_logged_and_the_other_steps_still_run(db, caplog
     # A real fault in the middle step: its table is not where awa put it.
     await db.execute("ALTER TABLE awa.runtime_instances RENAME TO runtime_instances_moved")
 
-    with caplog.at_level(logging.INFO, logger="awa_trio.branches.cleanup"):
+    with caplog.at_level(logging.INFO, logger="awa_trio.engines.canonical.cleanup"):
         result = await cleanup.run_once(await make_context(db))
 
     assert result.failed_steps == ["runtime snapshots"]

@@ -25,8 +25,14 @@ from test_rescue import (
 )
 from test_rescue_fallback import CLAIM_BY_HAND_SQL, MASK_WITHOUT_RUNNING, insert_unique
 
-from awa_trio.branches import cleanup, priority_aging, rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from awa_trio.config import MaintenanceConfig
+from awa_trio.engines.canonical import (
+    cleanup,
+    priority_aging,
+    rescue_callbacks,
+    rescue_deadlines,
+    rescue_heartbeats,
+)
 from awa_trio.hooks import FollowUpJob, Hooks, JobRescued
 from awa_trio.leadership import LOCK_KEY
 from awa_trio.maintenance.drain import PAUSE_RATIO, BatchOutcome, DrainBudget, drain, tick_budget

@@ -33,10 +33,11 @@ from support.qs_jobs import deferred_count, insert_one_scheduled, make_due, make
 from support.qs_rescue import claim, expire_deadlines, insert_jobs, job, materialise, open_attempts
 
 from awa_trio import MaintenanceConfig, MaintenanceService
-from awa_trio.branches import cleanup
 from awa_trio.cli import resolve
 from awa_trio.cron import PeriodicJob
 from awa_trio.db import open_database
+from awa_trio.engines.canonical import cleanup
+from awa_trio.engines.queue_storage import rotate_lease, rotate_queue, terminal_count_rollup
 from awa_trio.errors import ConfigError
 from awa_trio.grants import (
     DEFAULT_ROLE,
@@ -47,7 +48,6 @@ from awa_trio.grants import (
     warn_about_missing_privileges,
 )
 from awa_trio.metrics import STORAGE_STATE
-from awa_trio.queue_storage import rotate_lease, rotate_queue, terminal_count_rollup
 from awa_trio.schema import SchemaInfo
 from awa_trio.status import collect_status
 

@@ -13,8 +13,8 @@ import trio.testing
 from test_rescue import db_now, insert_running, insert_waiting, job_snapshot, make_context
 
 from awa_trio.branch import BranchSpec
-from awa_trio.branches import rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from awa_trio.config import MaintenanceConfig
+from awa_trio.engines.canonical import rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from awa_trio.hooks import FollowUpJob, Hooks, JobRescued, RescueReason
 from awa_trio.jobs import JobRow
 from awa_trio.service import MaintenanceService

@@ -8,7 +8,7 @@ import trio
 from conftest import in_thread
 from support.contexts import make_context
 
-from awa_trio.branches import priority_aging
+from awa_trio.engines.canonical import priority_aging
 
 ORIGINAL = "_awa_original_priority"
 

@@ -12,8 +12,8 @@ from support.awa_pg import awa_pg_worker
 from support.helpers import metric_points
 
 from awa_trio import MaintenanceConfig, MaintenanceService
-from awa_trio.branches import promote
 from awa_trio.db import UniqueViolation
+from awa_trio.engines.canonical import promote
 from awa_trio.hooks import Hooks, JobCancelled
 
 UTC = dt.UTC

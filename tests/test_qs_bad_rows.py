@@ -32,8 +32,7 @@ from support.qs_rescue import (
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.db import QueryError
-from awa_trio.metrics import QUEUE_DEPTH
-from awa_trio.queue_storage import (
+from awa_trio.engines.queue_storage import (
     cleanup,
     promote,
     queue_stats,
@@ -41,6 +40,7 @@ from awa_trio.queue_storage import (
     rescue_deadlines,
     rescue_heartbeats,
 )
+from awa_trio.metrics import QUEUE_DEPTH
 
 LONG_QUEUE = "q" * 200
 ONE_MB_ARGS = json.dumps({"blob": "x" * 1_000_000})

@@ -17,10 +17,10 @@ from support.helpers import leader_lock_holders
 from support.qs_dlq import holding_leader_lock
 
 from awa_trio.branch import BranchSpec
-from awa_trio.branches.registry import default_branches
 from awa_trio.config import MaintenanceConfig
 from awa_trio.cron import PeriodicJob
-from awa_trio.queue_storage import batch_operations
+from awa_trio.engines.queue_storage import batch_operations
+from awa_trio.registry import default_branches
 from awa_trio.service import MaintenanceService
 
 ORIGINAL_PRIORITY = "_awa_original_priority"
@@ -197,7 +197,7 @@ async def test_a_canonical_runner_leaves_queue_storage_operations_alone(qs_db, q
     """The canonical module's engine guard: it never applies canonical SQL
     to a queue-storage database (which is why the queue-storage set needs
     its own module)."""
-    from awa_trio.branches import batch_operations as canonical
+    from awa_trio.engines.canonical import batch_operations as canonical
 
     await insert(qs_awa_client, "bulk", priority=3)
     op = await in_thread(qs_awa_client.set_priority, 1, filter={"queue": "bulk"})

@@ -13,8 +13,8 @@ from __future__ import annotations
 import trio
 
 from awa_trio.db import QueryError
-from awa_trio.queue_storage import batch_operations
-from awa_trio.queue_storage.batch_operations import _reenter_available
+from awa_trio.engines.queue_storage import batch_operations
+from awa_trio.engines.queue_storage.batch_operations import _reenter_available
 
 QUEUE = "race_src"
 TARGET = "race_dst"

@@ -15,8 +15,8 @@ from support.helpers import metric_points
 from support.qs_dlq import add_bulk_dlq_rows, backdate_dlq, dead_letter_with_awa_pg, dlq_ids
 
 from awa_trio.config import RetentionPolicy
+from awa_trio.engines.queue_storage import cleanup
 from awa_trio.metrics import JOB_DLQ_PURGED
-from awa_trio.queue_storage import cleanup
 
 DAY = dt.timedelta(days=1)
 HOUR = dt.timedelta(hours=1)

@@ -52,8 +52,14 @@ from support.ledger import (
 from test_qs_properties import HOLD_LOCK_SCRIPT
 
 from awa_trio.db import open_database
+from awa_trio.engines.queue_storage import (
+    promote,
+    rotate_claim,
+    rotate_lease,
+    rotate_queue,
+    terminal_count_rollup,
+)
 from awa_trio.leadership import LOCK_KEY
-from awa_trio.queue_storage import promote, rotate_claim, rotate_lease, rotate_queue, terminal_count_rollup
 
 QUEUES = ["cc_a", "cc_b"]
 DAY = 86400.0

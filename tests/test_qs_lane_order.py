@@ -24,8 +24,8 @@ from support.qs_jobs import insert_one_scheduled, make_retryable
 from support.qs_rings import ring_state
 
 from awa_trio.db import Connection
-from awa_trio.queue_storage import batch_operations, promote
-from awa_trio.queue_storage.queue_ring import rotate_sql
+from awa_trio.engines.queue_storage import batch_operations, promote
+from awa_trio.engines.queue_storage.queue_ring import rotate_sql
 
 QUEUE = "lane_order"
 

@@ -17,8 +17,8 @@ from support.qs_jobs import (
 )
 
 from awa_trio.config import MaintenanceConfig
-from awa_trio.queue_storage import promote
-from awa_trio.queue_storage.registry import queue_storage_branches
+from awa_trio.engines.queue_storage import promote
+from awa_trio.engines.queue_storage.registry import queue_storage_branches
 
 AVAILABLE_ONLY = 0b10        # unique_states bit 1: the claim is held only while available
 AVAILABLE_RUNNING = 0b110

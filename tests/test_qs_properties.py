@@ -36,8 +36,8 @@ from support.contexts import make_context
 from support.qs_rings import exact_terminal_total, job_states, pruned_rollups
 
 from awa_trio.db import open_database
+from awa_trio.engines.queue_storage import rotate_queue
 from awa_trio.leadership import LOCK_KEY
-from awa_trio.queue_storage import rotate_queue
 
 DAY = 86400.0
 QUEUES = {"ok": "prop_ok", "fail": "prop_fail"}

@@ -20,8 +20,8 @@ from support.qs_dlq import (
     holding_leader_lock,
 )
 
+from awa_trio.engines.queue_storage import queue_stats
 from awa_trio.metrics import JOB_DLQ_DEPTH, QUEUE_DEPTH, QUEUE_LAG
-from awa_trio.queue_storage import queue_stats
 
 ZERO_DEPTH = dict.fromkeys(queue_stats.DEPTH_STATES, 0)
 

@@ -19,9 +19,9 @@ from support.qs_rescue import (
     states,
 )
 
+from awa_trio.engines.queue_storage import rescue_deadlines, rescue_heartbeats
 from awa_trio.hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
 from awa_trio.jobs import QUEUE_STORAGE
-from awa_trio.queue_storage import rescue_deadlines, rescue_heartbeats
 
 STALENESS = 60.0
 

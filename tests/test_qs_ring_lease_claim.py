@@ -49,8 +49,8 @@ from support.qs_claims import (
 )
 
 from awa_trio.db import open_database
-from awa_trio.queue_storage import rotate_claim, rotate_lease
-from awa_trio.queue_storage.lease_claim_rings import oldest_sealed_slot
+from awa_trio.engines.queue_storage import rotate_claim, rotate_lease
+from awa_trio.engines.queue_storage.lease_claim_rings import oldest_sealed_slot
 from awa_trio.tracker import PruneOutcome
 from awa_trio.tracker_actor import run_tracker
 

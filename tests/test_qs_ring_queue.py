@@ -25,8 +25,8 @@ from support.qs_rings import (
     wait_until,
 )
 
-from awa_trio.queue_storage import rotate_queue
-from awa_trio.queue_storage.queue_ring import QUEUE_SLOT_CHILDREN, child
+from awa_trio.engines.queue_storage import rotate_queue
+from awa_trio.engines.queue_storage.queue_ring import QUEUE_SLOT_CHILDREN, child
 from awa_trio.tracker import PruneOutcome
 from awa_trio.tracker_actor import run_tracker
 

@@ -11,10 +11,10 @@ from support.awa_pg import awa_pg_worker
 from support.qs_jobs import rotate_queue_ring, terminal_count
 
 from awa_trio.config import MaintenanceConfig
+from awa_trio.engines.queue_storage import terminal_count_rollup as rollup
+from awa_trio.engines.queue_storage.registry import queue_storage_branches
+from awa_trio.engines.queue_storage.terminal_count_rollup import SlotOutcome
 from awa_trio.leadership import LOCK_KEY
-from awa_trio.queue_storage import terminal_count_rollup as rollup
-from awa_trio.queue_storage.registry import queue_storage_branches
-from awa_trio.queue_storage.terminal_count_rollup import SlotOutcome
 
 FAILED_JOBS = 40
 

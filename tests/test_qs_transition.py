@@ -6,7 +6,7 @@ mid-job after the flip; awa_trio is restarted mid-transition. Nothing may be
 lost or run twice, finalize must pass, and awa_trio must switch branch sets
 under the lock it holds.
 
-What upstream 0.6.1 strands here (see awa_trio.queue_storage.canonical_drain):
+What upstream 0.6.1 strands here (see awa_trio.engines.canonical.canonical_drain):
 canonical rows that come due after the flip (only a canonical-engine leader
 promotes them) and the killed worker's canonical job (its rescue writes
 through ``awa.jobs``, which then shows only queue storage).
@@ -40,7 +40,7 @@ from support.helpers import leader_lock_holders
 
 from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.db import QueryError
-from awa_trio.queue_storage import canonical_drain
+from awa_trio.engines.canonical import canonical_drain
 
 # CI runs these on schema 40 (awa-pg 0.6.9) too.
 pytestmark = pytest.mark.queue_storage

@@ -18,7 +18,7 @@ from support.helpers import metric_points
 from support.qs_rescue import job
 
 from awa_trio.cli import resolve
-from awa_trio.queue_storage import rescue_callbacks, rescue_deadlines, rescue_heartbeats
+from awa_trio.engines.queue_storage import rescue_callbacks, rescue_deadlines, rescue_heartbeats
 
 KIND = "qs_crash_job"
 

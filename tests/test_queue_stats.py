@@ -9,8 +9,8 @@ from conftest import in_thread
 from support.contexts import make_context
 from support.helpers import metric_points
 
-from awa_trio.branches import admin_metadata, queue_stats
 from awa_trio.context import MaintenanceContext
+from awa_trio.engines.canonical import admin_metadata, queue_stats
 from awa_trio.metrics import (
     ATTR_JOB_QUEUE,
     ATTR_JOB_STATE,

@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
-from awa_trio.branches import (
+from awa_trio.config import INTERVAL, MaintenanceConfig
+from awa_trio.cron import evaluate_cron_schedules, sync_periodic_jobs
+from awa_trio.db import QueryError
+from awa_trio.engines.canonical import (
     admin_metadata,
     batch_operations,
     cleanup,
@@ -21,11 +24,9 @@ from awa_trio.branches import (
     rescue_deadlines,
     rescue_heartbeats,
 )
-from awa_trio.branches.registry import canonical_branches, default_branches
-from awa_trio.config import INTERVAL, MaintenanceConfig
-from awa_trio.cron import evaluate_cron_schedules, sync_periodic_jobs
-from awa_trio.db import QueryError
-from awa_trio.queue_storage.registry import CANONICAL_DRAIN, PlaneResults, both_planes, queue_storage_branches
+from awa_trio.engines.canonical.registry import canonical_branches
+from awa_trio.engines.queue_storage.registry import queue_storage_branches
+from awa_trio.registry import CANONICAL_DRAIN, PlaneResults, both_planes, default_branches
 from awa_trio.schema import CANONICAL, QUEUE_STORAGE, SchemaInfo
 
 # Branch name -> (config field of its interval, its body).
@@ -114,7 +115,7 @@ def test_ring_branches_use_their_own_intervals_and_rollup_is_never_skipped():
     assert {spec.name: spec.interval for spec in follows_queue}["rotate_claim"] == (
         config.queue_rotate_interval)
     assert specs["terminal_count_rollup"].interval == config.terminal_count_rollup_interval
-    from awa_trio.queue_storage import batch_operations as qs_batch_operations
+    from awa_trio.engines.queue_storage import batch_operations as qs_batch_operations
 
     assert specs["batch_operations"].run_once is qs_batch_operations.run_once
     assert {name for name, spec in specs.items() if not spec.cooldown} == {
@@ -200,11 +201,11 @@ def test_a_canonical_leader_never_loads_the_queue_storage_modules_or_croniter():
     script = (
         "import sys\n"
         "from awa_trio import cli\n"
-        "from awa_trio.branches.registry import default_branches\n"
+        "from awa_trio.registry import default_branches\n"
         "from awa_trio.config import MaintenanceConfig\n"
         "from awa_trio.schema import CANONICAL, SchemaInfo\n"
         "default_branches(MaintenanceConfig(), SchemaInfo(version=39, engine=CANONICAL))\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('awa_trio.queue_storage', 'croniter'))))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('awa_trio.engines.queue_storage', 'croniter'))))\n"
     )
     loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]"

@@ -16,9 +16,9 @@ import trio
 from support.contexts import make_context as make_test_context
 from support.helpers import metric_points
 
-from awa_trio.branches import rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from awa_trio.config import MaintenanceConfig
 from awa_trio.context import MaintenanceContext
+from awa_trio.engines.canonical import rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from awa_trio.jobs import JobRow
 
 STALENESS = 60.0

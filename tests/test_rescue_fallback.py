@@ -22,8 +22,8 @@ from test_rescue import (
     rescue_counts,
 )
 
-from awa_trio.branches import rescue, rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from awa_trio.config import MaintenanceConfig
+from awa_trio.engines.canonical import rescue, rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from awa_trio.hooks import Hooks, JobCancelled, JobRescued
 from awa_trio.maintenance.rescue import RescueResult
 

@@ -9,7 +9,7 @@ from conftest import EXPECTED_SCHEMA_VERSION
 from support.helpers import leader_lock_holders
 
 from awa_trio import MaintenanceConfig, MaintenanceService, UnsupportedSchema
-from awa_trio.branches.registry import default_branches
+from awa_trio.registry import default_branches
 from awa_trio.schema import check_schema
 from awa_trio.supervisor import STORAGE_POLL_INTERVAL
 

@@ -19,8 +19,8 @@ from support.helpers import leader_lock_holders
 from test_rescue import job_snapshot
 
 from awa_trio.branch import BranchSpec
-from awa_trio.branches import promote, rescue_heartbeats
 from awa_trio.config import MaintenanceConfig
+from awa_trio.engines.canonical import promote, rescue_heartbeats
 from awa_trio.hooks import Hooks, JobRescued, RescueReason
 from awa_trio.service import MaintenanceService
 

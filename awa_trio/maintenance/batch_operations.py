@@ -292,7 +292,7 @@ ApplyJob = Callable[[Connection, OperationPlan, uuid.UUID, int], Awaitable[Any]]
 class BatchOperationStorage:
     """What differs between storage engines; the runner around it is shared
     (the queue-storage engine builds its own in
-    :mod:`awa_trio.queue_storage.batch_operations`)."""
+    :mod:`awa_trio.engines.queue_storage.batch_operations`)."""
 
     claim_operation_sql: str
     scan_bounds_sql: str

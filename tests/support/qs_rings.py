@@ -6,8 +6,8 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from awa_trio.engines.queue_storage.queue_ring import QUEUE_SLOT_CHILDREN, child
 from awa_trio.leadership import LOCK_KEY
-from awa_trio.queue_storage.queue_ring import QUEUE_SLOT_CHILDREN, child
 
 from .awa_pg import awa_pg_worker
 from .qs_load import EXACT_TERMINAL_SQL

@@ -1,0 +1,312 @@
+"""The canonical engine's rescue sweep: its statements and the unique-claim
+fallback (#388 upstream), for the three rescue branches.
+
+A rescue takes a job away from a worker presumed dead (stale heartbeat),
+overdue (hard deadline) or never called back (callback timeout). On the
+canonical engine the rescued row leaves ``awa.jobs_hot`` for
+``awa.scheduled_jobs`` (``retryable``), so each batch is one statement that
+locks up to ``rescue_batch_size`` candidates with ``SKIP LOCKED``, deletes
+them from ``jobs_hot`` and inserts the rescued rows into ``scheduled_jobs``,
+returning them. Rows never travel to the client and the cost is per rescued
+row, not per table row. (Upstream UPDATEs the
+``awa.jobs`` view instead, whose INSTEAD OF trigger does the same delete and
+insert; but every UPDATE of that view first materialises the whole
+``jobs_compat()`` function, i.e. every job in the database, on every pass.)
+The unique-claim triggers fire on the base tables either way.
+
+A sweep drains (:mod:`awa_trio.maintenance.drain`): it repeats batches until one comes
+back short or the tick's budget (``min(drain_time_budget, interval / 2)``) is
+spent, so a fleet-wide crash is rescued within one tick instead of 500 jobs
+per tick. Each batch is its own statement and transaction; its side effects
+run right after it commits, before the next batch.
+
+Unique-claim fallback: a rescue re-enters ``retryable``. If a job's
+``unique_states`` claim ``retryable`` but not ``running``, a newer duplicate
+may have taken the claim while it ran, and the batch fails with 23505 as a
+whole. Then that batch goes row by row, re-checking each row's predicate; a
+row whose rescue conflicts is cancelled instead (the newer duplicate wins),
+and a row that cannot even be cancelled (its mask claims ``cancelled`` too)
+is skipped with an error naming the claim holder. One poisoned row never
+stops the others. The drain goes on with batches after a full fallback
+batch that made progress; a fallback that took nothing ends the tick.
+
+The drain, the outcome and the side effects of a committed batch are the
+shared core's (:mod:`awa_trio.maintenance.rescue`), as on queue storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from ...config import DEFAULT_RESCUE_BATCH_SIZE
+from ...context import MaintenanceContext
+from ...db import (
+    ConnectionLost,
+    DatabaseError,
+    QueryError,
+    UniqueViolation,
+    describe_error,
+    row_level_refusal,
+)
+from ...hooks import RescueReason
+from ...jobs import JOB_COLUMNS, JobRow
+from ...maintenance.drain import BatchOutcome, DrainBudget
+from ...maintenance.rescue import RescueResult, drain_rescues
+from .unique_claims import holder_text, unique_claim_holder
+
+log = logging.getLogger(__name__)
+
+#: Default rows per rescue batch (and the most one fallback batch revisits);
+#: the setting is ``rescue_batch_size``.
+RESCUE_BATCH_SIZE = DEFAULT_RESCUE_BATCH_SIZE
+#: Column list of the job tables, for the INSERT ... SELECT / RETURNING of each sweep.
+JOB_COLUMNS_SQL = ", ".join(JOB_COLUMNS)
+
+# The fallback's terminal move for a job whose rescue conflicts with a newer
+# duplicate's claim. Guarded by the state the sweep found it in, so a job
+# finished or rescued meanwhile is left alone. Both states live in jobs_hot,
+# so it is an in-place UPDATE; `cancelled` is outside the default unique mask,
+# so normally it claims nothing.
+CANCEL_DUPLICATE_SQL = f"""
+    UPDATE awa.jobs_hot
+    SET state = 'cancelled',
+        finalized_at = now(),
+        heartbeat_at = NULL,
+        deadline_at = NULL,
+        callback_id = NULL,
+        callback_timeout_at = NULL,
+        callback_filter = NULL,
+        callback_on_complete = NULL,
+        callback_on_fail = NULL,
+        callback_transform = NULL,
+        errors = errors || jsonb_build_object('error', $3::text, 'attempt', attempt, 'at', now())
+    WHERE id = $1
+      AND state = $2::awa.job_state
+    RETURNING {JOB_COLUMNS_SQL}
+"""
+
+
+def sql_text_literal(text: str) -> str:
+    """A constant (never user input) as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+# Heartbeat and deadline rescues: locked `running` candidates leave jobs_hot
+# and enter scheduled_jobs as `retryable`, finalized, with heartbeat,
+# deadline and every callback column cleared and one error entry appended;
+# attempt, run_at, run_lease and progress travel unchanged. {selection} is
+# either the batch (ORDER BY ... LIMIT) or one id re-checked against the
+# same predicate (the row-by-row fallback).
+_RUNNING_TO_RETRYABLE_TEMPLATE = """
+    WITH candidates AS (
+        SELECT id
+        FROM awa.jobs_hot
+        WHERE {predicate}
+          {selection}
+        FOR UPDATE SKIP LOCKED
+    ),
+    taken AS (
+        DELETE FROM awa.jobs_hot AS hot
+        USING candidates
+        WHERE hot.id = candidates.id
+        RETURNING hot.*
+    )
+    INSERT INTO awa.scheduled_jobs ({columns})
+    SELECT
+        id, kind, queue, args, 'retryable', priority, attempt, max_attempts,
+        run_at, NULL, NULL, attempted_at, now(),
+        created_at,
+        errors || jsonb_build_object('error', {error}, 'attempt', attempt, 'at', now()),
+        metadata, tags, unique_key, unique_states,
+        NULL, NULL, NULL,
+        NULL, NULL, NULL,
+        run_lease, progress
+    FROM taken
+    RETURNING {columns}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepStatements:
+    batch_sql: str
+    one_sql: str
+    candidates_sql: str
+
+
+def candidates_sql(predicate: str, order_by: str, limit_param: int) -> str:
+    """Ids of the oldest candidates, for the row-by-row fallback."""
+    return f"SELECT id FROM awa.jobs_hot WHERE {predicate} ORDER BY {order_by}, id LIMIT ${limit_param}"
+
+
+def running_to_retryable_statements(
+    *, predicate: str, order_by: str, error: str, next_param: int
+) -> SweepStatements:
+    """The three statements of a rescue that makes running jobs retryable.
+    ``predicate`` may use parameters ``$1 .. $(next_param - 1)``; the row
+    limit (or the job id) is ``$next_param``."""
+
+    def statement(selection: str) -> str:
+        return _RUNNING_TO_RETRYABLE_TEMPLATE.format(
+            predicate=predicate,
+            selection=selection,
+            error=sql_text_literal(error),
+            columns=JOB_COLUMNS_SQL,
+        )
+
+    return SweepStatements(
+        batch_sql=statement(f"ORDER BY {order_by}, id LIMIT ${next_param}"),
+        one_sql=statement(f"AND id = ${next_param}"),
+        candidates_sql=candidates_sql(predicate, order_by, next_param),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RescueSweep:
+    """One rescue branch's SQL and vocabulary.
+
+    The three statements take the branch's own parameters first (``params``
+    of :func:`run_sweep`), then one more: ``batch_sql`` and
+    ``candidates_sql`` a row limit, ``one_sql`` a job id.
+    """
+
+    #: Branch name (logs, tracker).
+    name: str
+    #: ``awa.rescue.kind`` metric attribute: heartbeat, deadline, callback_timeout.
+    metric_kind: str
+    reason: RescueReason
+    #: The state a candidate is in (guards the duplicate cancellation).
+    from_state: str
+    #: Rescue up to N candidates, RETURNING the rescued rows.
+    batch_sql: str
+    #: Rescue one id if it still matches the predicate, RETURNING it.
+    one_sql: str
+    #: Ids of up to N candidates, for the row-by-row fallback.
+    candidates_sql: str
+    #: Error entry of a job cancelled as a superseded duplicate.
+    duplicate_error: str
+    #: Whether attempts still running in this process are signalled.
+    cancels_in_flight: bool
+    #: The config field holding this branch's interval (sets the drain budget);
+    #: None: the budget is ``drain_time_budget`` alone.
+    interval_setting: str | None = None
+
+
+async def run_sweep(
+    ctx: MaintenanceContext, sweep: RescueSweep, *params: Any, budget: DrainBudget | None = None
+) -> RescueResult:
+    """One tick of a rescue branch (the shared drain over this engine's batch)."""
+
+    async def batch(part: RescueResult, batch_size: int) -> BatchOutcome | None:
+        return await rescue_batch(ctx, sweep, params, part, batch_size)
+
+    return await drain_rescues(ctx, sweep, batch, budget=budget)
+
+
+async def rescue_batch(
+    ctx: MaintenanceContext,
+    sweep: RescueSweep,
+    params: Sequence[Any],
+    part: RescueResult,
+    batch_size: int,
+) -> BatchOutcome | None:
+    """One batched rescue statement into ``part``; on a unique-claim conflict
+    or a row whose data fails the statement (an ``errors`` array that
+    cannot be appended to), the same batch row by row, so that row alone
+    is skipped. None: stop draining this tick."""
+    try:
+        records = await ctx.db.fetch(sweep.batch_sql, *params, batch_size)
+    except QueryError as exc:
+        problem = row_level_refusal(exc)
+        if problem is None:
+            raise
+        log.warning(
+            "%s: batched rescue %s (%s); retrying row by row", sweep.name, problem, describe_error(exc)
+        )
+        part.row_by_row_batches = 1
+        visited = await rescue_row_by_row(ctx, sweep, params, part, limit=batch_size)
+        progress = len(part.rescued) + len(part.duplicates_cancelled)
+        # Go on only after a full fallback batch that moved something; its
+        # skipped rows would otherwise send every batch row by row again.
+        if visited == batch_size and progress:
+            return BatchOutcome(progress, more=True)
+        return None
+    part.rescued = [JobRow.from_record(record) for record in records]
+    return BatchOutcome.of(len(records), batch_size)
+
+
+async def rescue_row_by_row(
+    ctx: MaintenanceContext,
+    sweep: RescueSweep,
+    params: Sequence[Any],
+    result: RescueResult,
+    *,
+    limit: int = RESCUE_BATCH_SIZE,
+) -> int:
+    """The #388 fallback: each of up to ``limit`` candidates in its own
+    statement. Returns how many candidates it went through."""
+    ids = [record["id"] for record in await ctx.db.fetch(sweep.candidates_sql, *params, limit)]
+    for position, job_id in enumerate(ids):
+        try:
+            record = await ctx.db.fetchrow(sweep.one_sql, *params, job_id)
+        except UniqueViolation:
+            await cancel_duplicate(ctx, sweep, job_id, result)
+            continue
+        except ConnectionLost as exc:
+            log.error(
+                "%s: connection lost during row-by-row rescue; %d candidates left for the next pass: %s",
+                sweep.name,
+                len(ids) - position,
+                exc,
+            )
+            return position
+        except DatabaseError as exc:
+            log.error("%s: rescue of job %d failed; skipping it: %s", sweep.name, job_id, exc)
+            result.skipped.append(job_id)
+            continue
+        # None: finished, heartbeated or taken by someone else since the candidate query.
+        if record is not None:
+            result.rescued.append(JobRow.from_record(record))
+    return len(ids)
+
+
+async def cancel_duplicate(
+    ctx: MaintenanceContext, sweep: RescueSweep, job_id: int, result: RescueResult
+) -> None:
+    holder = holder_text(await unique_claim_holder(ctx, job_id))
+    try:
+        record = await ctx.db.fetchrow(CANCEL_DUPLICATE_SQL, job_id, sweep.from_state, sweep.duplicate_error)
+    except UniqueViolation:
+        log.error(
+            "%s: cannot rescue or cancel job %d: the unique claim is held by job %s and "
+            "job %d's unique_states include 'cancelled'; skipping it (resolve by hand)",
+            sweep.name,
+            job_id,
+            holder,
+            job_id,
+        )
+        result.skipped.append(job_id)
+        return
+    except DatabaseError as exc:
+        log.error("%s: cancelling duplicate job %d failed; skipping it: %s", sweep.name, job_id, exc)
+        result.skipped.append(job_id)
+        return
+    if record is None:
+        log.info(
+            "%s: job %d left %r before it could be cancelled as a duplicate; leaving it as it is",
+            sweep.name,
+            job_id,
+            sweep.from_state,
+        )
+        return
+    log.warning(
+        "%s: rescuing job %d conflicts with the unique claim held by job %s; "
+        "cancelled job %d as a superseded duplicate",
+        sweep.name,
+        job_id,
+        holder,
+        job_id,
+    )
+    result.duplicates_cancelled.append(JobRow.from_record(record))

@@ -1,0 +1,126 @@
+"""rescue_expired_callbacks: give up on external callbacks that never came.
+
+A ``waiting_external`` row past ``callback_timeout_at`` is retried with
+backoff (``retryable``, ``run_at = now() + awa.backoff_duration(attempt,
+max_attempts)``), or ``failed`` when that attempt was its last (run_at
+kept). Callback columns are cleared and ``callback timed out`` recorded.
+Nothing is running in any process, so no in-flight cancellation. Earliest
+timeouts first, in batches of ``rescue_batch_size``, drained within the
+tick. Shared machinery:
+:mod:`.rescue`.
+"""
+
+from __future__ import annotations
+
+from ...context import MaintenanceContext
+from ...hooks import RescueReason
+from ...jobs import JOB_COLUMNS
+from ...maintenance.rescue import RescueResult
+from .rescue import (
+    JOB_COLUMNS_SQL,
+    RescueSweep,
+    candidates_sql,
+    run_sweep,
+    sql_text_literal,
+)
+
+NAME = "rescue_expired_callbacks"
+METRIC_KIND = "callback_timeout"
+RESCUE_ERROR = "callback timed out"
+DUPLICATE_ERROR = "rescued as duplicate: callback timed out and unique claim held by a newer job"
+
+# {selection} is either the batch (earliest first, $1 = row limit) or, for
+# the row-by-row fallback, one id ($1) re-checked against the same
+# predicate. Exhausted rows stay in jobs_hot (failed, updated in place); the
+# others move to scheduled_jobs (retryable with backoff). heartbeat_at and
+# deadline_at were cleared when the job started waiting and are kept as is.
+_RESCUE_SQL_TEMPLATE = """
+    WITH expired AS (
+        SELECT id, attempt >= max_attempts AS exhausted
+        FROM awa.jobs_hot
+        WHERE state = 'waiting_external'
+          AND callback_timeout_at IS NOT NULL
+          AND callback_timeout_at < now()
+          {selection}
+        FOR UPDATE SKIP LOCKED
+    ),
+    failed AS (
+        UPDATE awa.jobs_hot AS hot
+        SET state = 'failed',
+            finalized_at = now(),
+            callback_id = NULL,
+            callback_timeout_at = NULL,
+            callback_filter = NULL,
+            callback_on_complete = NULL,
+            callback_on_fail = NULL,
+            callback_transform = NULL,
+            errors = hot.errors || jsonb_build_object(
+                'error', {error},
+                'attempt', hot.attempt,
+                'at', now()
+            )
+        FROM expired
+        WHERE hot.id = expired.id
+          AND expired.exhausted
+        RETURNING {hot_columns}
+    ),
+    taken AS (
+        DELETE FROM awa.jobs_hot AS hot
+        USING expired
+        WHERE hot.id = expired.id
+          AND NOT expired.exhausted
+        RETURNING hot.*
+    ),
+    retried AS (
+        INSERT INTO awa.scheduled_jobs ({columns})
+        SELECT
+            id, kind, queue, args, 'retryable', priority, attempt, max_attempts,
+            now() + awa.backoff_duration(attempt, max_attempts),
+            heartbeat_at, deadline_at, attempted_at, now(),
+            created_at,
+            errors || jsonb_build_object(
+                'error', {error},
+                'attempt', attempt,
+                'at', now()
+            ),
+            metadata, tags, unique_key, unique_states,
+            NULL, NULL, NULL,
+            NULL, NULL, NULL,
+            run_lease, progress
+        FROM taken
+        RETURNING {columns}
+    )
+    SELECT * FROM failed
+    UNION ALL
+    SELECT * FROM retried
+"""
+_HOT_COLUMNS_SQL = ", ".join(f"hot.{column}" for column in JOB_COLUMNS)
+_STATEMENT_PARTS = dict(
+    columns=JOB_COLUMNS_SQL, hot_columns=_HOT_COLUMNS_SQL, error=sql_text_literal(RESCUE_ERROR)
+)
+RESCUE_BATCH_SQL = _RESCUE_SQL_TEMPLATE.format(
+    selection="ORDER BY callback_timeout_at, id LIMIT $1", **_STATEMENT_PARTS
+)
+RESCUE_ONE_SQL = _RESCUE_SQL_TEMPLATE.format(selection="AND id = $1", **_STATEMENT_PARTS)
+CANDIDATES_SQL = candidates_sql(
+    "state = 'waiting_external' AND callback_timeout_at IS NOT NULL AND callback_timeout_at < now()",
+    "callback_timeout_at",
+    limit_param=1,
+)
+
+SWEEP = RescueSweep(
+    name=NAME,
+    metric_kind=METRIC_KIND,
+    reason=RescueReason.EXPIRED_CALLBACK,
+    from_state="waiting_external",
+    batch_sql=RESCUE_BATCH_SQL,
+    one_sql=RESCUE_ONE_SQL,
+    candidates_sql=CANDIDATES_SQL,
+    duplicate_error=DUPLICATE_ERROR,
+    cancels_in_flight=False,
+    interval_setting="callback_rescue_interval",
+)
+
+
+async def run_once(ctx: MaintenanceContext) -> RescueResult:
+    return await run_sweep(ctx, SWEEP)

@@ -1,0 +1,49 @@
+"""rescue_expired_deadlines: take back running jobs past their hard deadline.
+
+The claim sets ``deadline_at = now() + queue deadline``; a ``running`` row
+past it becomes ``retryable`` exactly like a stale-heartbeat rescue (run_at
+unchanged, ``max_attempts`` not consulted, as upstream), with the error
+``hard deadline exceeded``. Earliest deadlines first, in batches of
+``rescue_batch_size``, drained within the tick. Attempts of those jobs
+still running in this process are cancelled. Shared machinery: :mod:`.rescue`.
+"""
+
+from __future__ import annotations
+
+from ...context import MaintenanceContext
+from ...hooks import RescueReason
+from ...maintenance.rescue import RescueResult
+from .rescue import RescueSweep, run_sweep, running_to_retryable_statements
+
+NAME = "rescue_expired_deadlines"
+METRIC_KIND = "deadline"
+RESCUE_ERROR = "hard deadline exceeded"
+DUPLICATE_ERROR = "rescued as duplicate: deadline expired and unique claim held by a newer job"
+
+# Column effects in rescue.running_to_retryable_statements.
+STATEMENTS = running_to_retryable_statements(
+    predicate="state = 'running' AND deadline_at IS NOT NULL AND deadline_at < now()",
+    order_by="deadline_at",
+    error=RESCUE_ERROR,
+    next_param=1,
+)
+RESCUE_BATCH_SQL = STATEMENTS.batch_sql
+RESCUE_ONE_SQL = STATEMENTS.one_sql
+CANDIDATES_SQL = STATEMENTS.candidates_sql
+
+SWEEP = RescueSweep(
+    name=NAME,
+    metric_kind=METRIC_KIND,
+    reason=RescueReason.DEADLINE_EXCEEDED,
+    from_state="running",
+    batch_sql=RESCUE_BATCH_SQL,
+    one_sql=RESCUE_ONE_SQL,
+    candidates_sql=CANDIDATES_SQL,
+    duplicate_error=DUPLICATE_ERROR,
+    cancels_in_flight=True,
+    interval_setting="deadline_rescue_interval",
+)
+
+
+async def run_once(ctx: MaintenanceContext) -> RescueResult:
+    return await run_sweep(ctx, SWEEP)

@@ -1,0 +1,163 @@
+"""cleanup (queue storage): purge dead-lettered jobs past retention, then the
+steps every engine shares.
+
+Finished jobs need no row-by-row delete here: they live in the ring
+partitions, which the rotate branches prune a whole slot at a time. What the
+rings never drop is the dead-letter queue (``{schema}.dlq_entries``, a plain
+table), so this branch deletes its rows older than ``dlq_retention``:
+
+1. a global pass over every queue whose ``queue_retention_overrides`` entry
+   sets no ``dlq`` retention of its own;
+2. one pass per queue that does, with that queue's retention.
+
+Upstream deletes one ``dlq_cleanup_batch_size`` batch per pass per tick, so a
+DLQ that fills faster than ``batch / cleanup_interval`` (17 rows/s at the
+defaults) grows without bound. Here each pass repeats its batch until a batch
+comes back short or the tick's budget, ``min(drain_time_budget,
+cleanup_interval / 2)``, is spent. Every batch is its own short statement
+(``FOR UPDATE SKIP LOCKED``, so a row an admin is retrying right now is left
+for later and nobody waits on us), and a cancel between or during batches
+leaves each batch applied whole or not at all. The first batch of each pass
+always runs, so a queue with an override is never starved by the global
+backlog.
+
+Each batch is counted at once in ``awa.job.dlq_purged`` (no queue attribute
+for the global pass, ``awa.job.queue`` for an override queue, as upstream).
+
+Then the steps every engine shares (:mod:`awa_trio.maintenance.cleanup`):
+runtime snapshots, descriptors and expired batch operations, within the
+same tick budget.
+
+Concurrent writers: rescues insert DLQ rows (recent ones, never past
+retention); awa-pg's ``retry_from_dlq`` / ``purge_dlq`` lock the rows they
+take, which the purge skips. The purge touches no ring table.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ...context import MaintenanceContext
+from ...db import QueryError, describe_error, rows_affected
+from ...maintenance.cleanup import (
+    NAME,
+    CleanupResult,
+    cleanup_budget,
+    run_engine_independent_steps,
+)
+from ...maintenance.drain import BatchOutcome, DrainBudget, drain
+from .layout import schema_name
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NAME", "purge_expired_dlq", "run_once"]
+
+# $1 retention (s), $2 batch size, $3 queues that have their own DLQ
+# retention (`queue <> ALL('{}')` is true, so with none every queue counts).
+# No ORDER BY: the global pass has no index on dlq_at alone, and sorting the
+# whole expired set for every batch would make a large drain quadratic.
+PURGE_EXPIRED_DLQ_SQL = """
+    DELETE FROM {schema}.dlq_entries
+    WHERE job_id IN (
+        SELECT job_id
+        FROM {schema}.dlq_entries
+        WHERE dlq_at < now() - make_interval(secs => $1)
+          AND queue <> ALL($3::text[])
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+"""
+
+# One override queue ($3), oldest first along idx_awa_dlq_queue_time.
+PURGE_EXPIRED_QUEUE_DLQ_SQL = """
+    DELETE FROM {schema}.dlq_entries
+    WHERE job_id IN (
+        SELECT job_id
+        FROM {schema}.dlq_entries
+        WHERE queue = $3
+          AND dlq_at < now() - make_interval(secs => $1)
+        ORDER BY dlq_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+"""
+
+
+async def run_once(ctx: MaintenanceContext) -> CleanupResult:
+    result = CleanupResult()
+    budget = cleanup_budget(ctx)
+    await purge_expired_dlq(ctx, result, budget)
+    await run_engine_independent_steps(ctx, result, budget)
+    if result.unfinished_steps:
+        log.info(
+            "%s: time budget (%gs) spent after %d batches; left for the next tick: %s",
+            NAME,
+            budget.seconds,
+            result.batches + result.dlq_batches,
+            ", ".join(result.unfinished_steps),
+        )
+    return result
+
+
+async def purge_expired_dlq(ctx: MaintenanceContext, result: CleanupResult, budget: DrainBudget) -> None:
+    config = ctx.config
+    schema = schema_name(ctx)
+    override_queues = sorted(
+        queue for queue, policy in config.queue_retention_overrides.items() if policy.dlq is not None
+    )
+
+    result.dlq_purged = await purge_pass(
+        ctx,
+        result,
+        budget,
+        None,
+        PURGE_EXPIRED_DLQ_SQL.format(schema=schema),
+        config.dlq_retention,
+        override_queues,
+    )
+    if result.dlq_purged:
+        log.info("%s: purged %d dead-lettered jobs past retention", NAME, result.dlq_purged)
+
+    for queue in override_queues:
+        retention = config.queue_retention_overrides[queue].dlq
+        assert retention is not None  # override_queues holds only queues with one
+        purged = await purge_pass(
+            ctx, result, budget, queue, PURGE_EXPIRED_QUEUE_DLQ_SQL.format(schema=schema), retention, queue
+        )
+        result.dlq_purged_by_queue[queue] = purged
+        if purged:
+            log.info("%s: purged %d dead-lettered jobs past retention in queue %r", NAME, purged, queue)
+
+
+async def purge_pass(
+    ctx: MaintenanceContext,
+    result: CleanupResult,
+    budget: DrainBudget,
+    queue: str | None,
+    sql: str,
+    retention: float,
+    scope: object,
+) -> int:
+    """One pass's batches, drained (resting between full ones) until one
+    comes back short or the budget is spent; returns the rows deleted. A
+    rejected statement ends the pass (logged, recorded); ConnectionLost and
+    cancellation propagate. Each batch is counted in awa.job.dlq_purged at once."""
+    batch_size = ctx.config.dlq_cleanup_batch_size
+    step = "dead-lettered jobs" + (f" (queue {queue!r})" if queue else " (global pass)")
+
+    async def batch() -> BatchOutcome | None:
+        try:
+            status = await ctx.db.execute(sql, retention, batch_size, scope)
+        except QueryError as exc:
+            log.error("%s: failed to purge %s: %s", NAME, step, describe_error(exc))
+            result.failed_steps.append(step)
+            return None
+        deleted = rows_affected(status)
+        result.dlq_batches += 1
+        ctx.metrics.record_dlq_purged(queue, deleted)
+        return BatchOutcome.of(deleted, batch_size)
+
+    outcome = await drain(batch, budget=budget)
+    if not outcome.drained and step not in result.failed_steps:
+        result.unfinished_steps.append(step)
+    return outcome.rows

@@ -1,0 +1,49 @@
+"""Where the queue-storage tables live and how big its rings are.
+
+The schema name comes from ``awa.storage_status()`` details (see
+:class:`awa_trio.schema.SchemaInfo`); ring sizes come from the ring-state
+tables, never from constants, since an installation chooses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...context import MaintenanceContext
+
+RING_SIZES_SQL = """
+    SELECT
+        (SELECT slot_count FROM {schema}.queue_ring_state WHERE singleton) AS queue_slots,
+        (SELECT slot_count FROM {schema}.lease_ring_state WHERE singleton) AS lease_slots,
+        (SELECT slot_count FROM {schema}.claim_ring_state WHERE singleton) AS claim_slots
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStorageLayout:
+    #: Schema of the queue-storage tables (a validated plain identifier).
+    schema: str
+    queue_slots: int
+    lease_slots: int
+    claim_slots: int
+
+    def sql(self, template: str) -> str:
+        """``template`` with ``{schema}`` filled in (the only interpolation we do)."""
+        return template.format(schema=self.schema)
+
+
+def schema_name(ctx: MaintenanceContext) -> str:
+    return ctx.schema.queue_storage_schema
+
+
+async def read_layout(ctx: MaintenanceContext) -> QueueStorageLayout:
+    """Ring sizes, read per call (a single-row lookup; rings are resized only
+    by a migration, but reading keeps no stale copy across terms)."""
+    schema = schema_name(ctx)
+    row = await ctx.db.fetchone(RING_SIZES_SQL.format(schema=schema))
+    return QueueStorageLayout(
+        schema=schema,
+        queue_slots=int(row["queue_slots"]),
+        lease_slots=int(row["lease_slots"]),
+        claim_slots=int(row["claim_slots"]),
+    )

@@ -1,0 +1,818 @@
+"""What the three queue-storage rescues share: the settle statement and the
+receipt-claim steps (the drain, the outcome and the side effects are the
+shared core's, :mod:`awa_trio.maintenance.rescue`, as on the canonical engine).
+
+On queue storage a running attempt lives in one of three places:
+
+* a ``leases`` row (an attempt that was materialised: it registered a
+  callback, or ran on the legacy non-receipt path; progress alone stays in
+  ``attempt_state``);
+* a row of ``lease_claims`` (the receipt fast path for a job with a
+  deadline: no ``leases`` row at all, the deadline is
+  ``lease_claims.deadline_at``);
+* an item of a compact ``lease_claim_batches`` row (the fast path for jobs
+  without a deadline).
+
+Workers heartbeat into ``attempt_state`` (falling back to the lease's own
+``heartbeat_at``, then to the claim time), and an attempt ends when closure
+evidence exists: a ``lease_claim_closures`` row, a
+``lease_claim_closure_batches`` range holding its receipt, or a terminal,
+deferred or DLQ row of the same ``(job_id, run_lease)``. Successful
+completions go to ``receipt_completion_batches`` with a closure beside them.
+
+A rescue batch is one transaction of a few statements:
+
+1. **take**: delete up to N stale/expired ``leases`` rows (``SKIP LOCKED``),
+   and/or take open receipt claims: first lock them (``SKIP LOCKED``, and
+   ``pg_try_advisory_xact_lock`` on the worker's completion lock
+   ``awa.receipt.complete:<job>:<run_lease>``, so a claim whose completion
+   is in flight is skipped), then, in a new statement whose snapshot is
+   taken after the locks, re-check that no closure appeared and write the
+   rescue closure;
+2. **settle** (:data:`SETTLE_SQL`, one statement for the whole batch): read
+   each job from its ready entry, drop its ``attempt_state`` (keeping the
+   progress), close any receipt evidence left open, move the unique claim,
+   and write the successor row: ``retryable`` in ``deferred_jobs`` with
+   ``run_at = now() + awa.backoff_duration(attempt, max_attempts)``, or,
+   for an expired callback on its last attempt, a ``failed`` done row
+   (with its terminal-count delta) or a ``dlq_entries`` row when the DLQ
+   policy enables the queue.
+
+Unique claims are application-side on queue storage (no triggers). A row
+whose successor state claims its key but whose running state did not may
+find a newer duplicate holding the claim: the settle statement tries the
+claim (``ON CONFLICT ... WHERE`` the holder is this job) and turns every
+row that did not get it into a ``cancelled`` done row, in the same
+statement. If a batch still fails (any ``QueryError``: a stray row in the
+way, a missing ready entry), the batch is rolled back and redone row by
+row, each row under its own savepoint; a row failing with 23505 becomes a
+cancelled terminal row, any other failure leaves that row untouched and
+logged. One row never aborts the sweep.
+
+A sweep drains: it repeats batches of ``rescue_batch_size`` (resting
+between full ones) until one comes back short or ``min(drain_time_budget,
+interval / 2)`` is spent. Each batch commits on its own, and its side
+effects (metrics, in-flight cancellation, follow-up jobs, events) run right
+after its commit, so a cancellation leaves every batch applied or untouched
+(a cancellation during a batch's side effects cuts them short, as a crash
+would: follow-ups are best-effort, as upstream).
+
+Concurrent writers, and what makes each pair safe:
+
+* **The worker of the attempt** (completing, failing, heartbeating,
+  registering a callback): a lease is taken by deleting its row ``SKIP
+  LOCKED``, so a worker that is writing it keeps it, and one that committed
+  first leaves nothing to delete. A receipt claim is taken only with the
+  worker's completion advisory lock (``pg_try_advisory_xact_lock``, skipped
+  when held), and the closure check runs again in a new statement after the
+  locks, so a completion that committed meanwhile is seen and the claim is
+  left alone.
+* **Another rescuer** (a foreign leader, our other rescue branches): the
+  same ``SKIP LOCKED`` row locks and try-locks, so each attempt is settled
+  once.
+* **Prune and rollup of the attempt's queue slot**: an open lease or claim
+  is a gate of both, and stays visible until the settle statement commits
+  its successor rows (done row, count delta, closure) under the attempt's
+  own ``(ready_slot, ready_generation)``, which the gates read after their
+  locks. The settle statement reads every ``ready_entries`` partition, so it
+  holds their share locks before a prune's ACCESS EXCLUSIVE can be granted.
+* **Unique claims** are moved with ``ON CONFLICT ... WHERE`` the holder is
+  this job; a newer duplicate keeps its claim and this job ends cancelled.
+* **DLQ rows** (an expired callback on its last attempt) are inserted by the
+  settle statement itself; the DLQ purge only deletes rows past retention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ...context import MaintenanceContext
+from ...db import Connection, ConnectionLost, QueryError, UniqueViolation, describe_error
+from ...hooks import RescueReason
+from ...jobs import QUEUE_STORAGE, JobRow
+from ...maintenance.drain import BatchOutcome
+from ...maintenance.rescue import CALLBACK_TIMEOUT_DLQ_REASON, RescueResult, drain_rescues
+
+log = logging.getLogger(__name__)
+
+
+#: Closure outcomes written to the receipt ledgers.
+OUTCOME_STALE_RECEIPT = "rescued"
+OUTCOME_DEADLINE_RECEIPT = "deadline_expired"
+OUTCOME_SETTLED = "rescue"
+
+# No closure evidence for one attempt, as upstream's readers and prune gates
+# judge it: no explicit closure, no closure batch holding its receipt, no
+# terminal, deferred or DLQ row of the same (job_id, run_lease). Written as
+# a conjunction of NOT EXISTS (not NOT (a OR b ...)) so that the planner can
+# turn each into an anti-join over a whole batch of candidates instead of
+# probing every table once per candidate. {claim_slot}, {job_id},
+# {run_lease}, {receipt_id} name columns.
+_NO_CLOSURE_EVIDENCE = """(
+    NOT EXISTS (
+        SELECT 1 FROM {schema}.lease_claim_closures AS closures
+        WHERE closures.claim_slot = {claim_slot}
+          AND closures.job_id = {job_id}
+          AND closures.run_lease = {run_lease}
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM {schema}.lease_claim_closure_batches AS closure_batches
+        WHERE closure_batches.claim_slot = {claim_slot}
+          AND closure_batches.receipt_ranges @> {receipt_id}
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM {schema}.done_entries AS done
+        WHERE done.job_id = {job_id} AND done.run_lease = {run_lease}
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM {schema}.deferred_jobs AS deferred
+        WHERE deferred.job_id = {job_id} AND deferred.run_lease = {run_lease}
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM {schema}.dlq_entries AS dlq
+        WHERE dlq.job_id = {job_id} AND dlq.run_lease = {run_lease}
+    )
+)"""
+
+
+def still_open(
+    prefix: str | None = None,
+    *,
+    claim_slot: str | None = None,
+    job_id: str | None = None,
+    run_lease: str | None = None,
+    receipt_id: str | None = None,
+) -> str:
+    """``_NO_CLOSURE_EVIDENCE`` for the columns of table alias ``prefix``, or
+    for explicit column expressions."""
+    columns = {
+        "{claim_slot}": claim_slot or f"{prefix}.claim_slot",
+        "{job_id}": job_id or f"{prefix}.job_id",
+        "{run_lease}": run_lease or f"{prefix}.run_lease",
+        "{receipt_id}": receipt_id or f"{prefix}.receipt_id",
+    }
+    text = _NO_CLOSURE_EVIDENCE
+    for name, column in columns.items():
+        text = text.replace(name, column)
+    return text
+
+
+#: The worker's completion lock of one receipt attempt (upstream's key).
+COMPLETION_LOCK_KEY = (
+    "pg_catalog.hashtextextended(format('awa.receipt.complete:%s:%s', {job_id}, {run_lease}), 0)"
+)
+
+
+def completion_lock_key(job_id: str, run_lease: str) -> str:
+    return COMPLETION_LOCK_KEY.replace("{job_id}", job_id).replace("{run_lease}", run_lease)
+
+
+#: Columns every take statement returns (one taken attempt).
+TAKEN_COLUMNS = (
+    "ready_slot", "ready_generation", "job_id", "queue", "state", "priority", "attempt",
+    "run_lease", "max_attempts", "lane_seq", "enqueue_shard", "attempted_at", "rescue_error",
+)  # fmt: skip
+
+# Take: delete locked `leases` rows matching {predicate}, oldest {order_by}
+# first. $1.. are the rescue's own parameters; {limit} and {job_filter} are
+# the row limit and the optional job-id filter (NULL: any job).
+TAKE_LEASES_TEMPLATE = """
+    WITH picked AS (
+        SELECT lease.lease_slot, lease.queue, lease.priority, lease.enqueue_shard, lease.lane_seq
+        FROM {schema}.leases AS lease
+        LEFT JOIN {schema}.attempt_state AS attempt
+          ON attempt.job_id = lease.job_id
+         AND attempt.run_lease = lease.run_lease
+        WHERE {predicate}
+          AND ({job_filter}::bigint[] IS NULL OR lease.job_id = ANY({job_filter}::bigint[]))
+        ORDER BY {order_by}, lease.job_id
+        LIMIT {limit}
+        FOR UPDATE OF lease SKIP LOCKED
+    )
+    DELETE FROM {schema}.leases AS lease
+    USING picked
+    WHERE lease.lease_slot = picked.lease_slot
+      AND lease.queue = picked.queue
+      AND lease.priority = picked.priority
+      AND lease.enqueue_shard = picked.enqueue_shard
+      AND lease.lane_seq = picked.lane_seq
+    RETURNING
+        lease.ready_slot, lease.ready_generation, lease.job_id, lease.queue, lease.state,
+        lease.priority, lease.attempt, lease.run_lease, lease.max_attempts, lease.lane_seq,
+        lease.enqueue_shard, lease.attempted_at, {error}::text AS rescue_error
+"""
+
+
+def take_leases_sql(*, predicate: str, order_by: str, error: str, limit: str, job_filter: str) -> str:
+    return (
+        TAKE_LEASES_TEMPLATE.replace("{predicate}", predicate)
+        .replace("{order_by}", order_by)
+        .replace("{error}", sql_literal(error))
+        .replace("{limit}", limit)
+        .replace("{job_filter}", job_filter)
+    )
+
+
+# Take, receipt side, step 2 of 2: the attempts locked by step 1
+# ($1 claim slots, $2 job ids, $3 run leases), re-checked under a snapshot
+# taken after the locks; each still open gets its closure ($4 outcome):
+# row claims in lease_claim_closures (plus closed_at), compact claims one
+# closure batch per (claim slot, ready slot, generation). $5 = error text.
+CLOSE_RECEIPTS_SQL = f"""
+    WITH locked(claim_slot, job_id, run_lease) AS (
+        SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[])
+    ),
+    row_claims AS MATERIALIZED (
+        SELECT
+            claims.claim_slot, claims.ready_slot, claims.ready_generation, claims.job_id,
+            claims.queue, claims.priority, claims.attempt, claims.run_lease,
+            claims.max_attempts, claims.lane_seq, claims.enqueue_shard, claims.claimed_at
+        FROM locked
+        JOIN {{schema}}.lease_claims AS claims
+          ON claims.claim_slot = locked.claim_slot
+         AND claims.job_id = locked.job_id
+         AND claims.run_lease = locked.run_lease
+        WHERE claims.closed_at IS NULL
+          AND {still_open("claims")}
+          AND NOT EXISTS (
+              SELECT 1 FROM {{schema}}.leases AS lease
+              WHERE lease.job_id = claims.job_id AND lease.run_lease = claims.run_lease
+          )
+    ),
+    batch_items AS MATERIALIZED (
+        -- Each compact batch unnested once (not once per locked attempt).
+        SELECT
+            claim_batches.claim_slot, claim_batches.ready_slot, claim_batches.ready_generation,
+            items.job_id, claim_batches.queue, claim_batches.priority, items.attempt,
+            items.run_lease, items.max_attempts, items.lane_seq, claim_batches.enqueue_shard,
+            claim_batches.claimed_at, items.receipt_id
+        FROM {{schema}}.lease_claim_batches AS claim_batches
+        CROSS JOIN LATERAL unnest(
+            claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids,
+            claim_batches.lane_seqs, claim_batches.attempts, claim_batches.max_attempts
+        ) AS items(job_id, run_lease, receipt_id, lane_seq, attempt, max_attempts)
+        WHERE claim_batches.claim_slot = ANY($1::int[])
+          AND claim_batches.job_ids && $2::bigint[]
+    ),
+    batch_claims AS MATERIALIZED (
+        SELECT batch_items.*
+        FROM batch_items
+        JOIN locked
+          ON locked.claim_slot = batch_items.claim_slot
+         AND locked.job_id = batch_items.job_id
+         AND locked.run_lease = batch_items.run_lease
+        WHERE {still_open("batch_items")}
+          AND NOT EXISTS (
+              SELECT 1 FROM {{schema}}.leases AS lease
+              WHERE lease.job_id = batch_items.job_id
+                AND lease.run_lease = batch_items.run_lease
+          )
+    ),
+    row_closed AS (
+        INSERT INTO {{schema}}.lease_claim_closures
+            (claim_slot, job_id, run_lease, outcome, closed_at)
+        SELECT claim_slot, job_id, run_lease, $4::text, clock_timestamp()
+        FROM row_claims
+        ON CONFLICT (claim_slot, job_id, run_lease) DO NOTHING
+        RETURNING claim_slot, job_id, run_lease, closed_at
+    ),
+    row_marked AS (
+        UPDATE {{schema}}.lease_claims AS claims
+        SET closed_at = COALESCE(claims.closed_at, row_closed.closed_at)
+        FROM row_closed
+        WHERE claims.claim_slot = row_closed.claim_slot
+          AND claims.job_id = row_closed.job_id
+          AND claims.run_lease = row_closed.run_lease
+        RETURNING claims.job_id
+    ),
+    batch_closed AS (
+        INSERT INTO {{schema}}.lease_claim_closure_batches (
+            claim_slot, ready_slot, ready_generation, outcome, closed_count,
+            receipt_ids, receipt_ranges, closed_at
+        )
+        SELECT
+            claim_slot, ready_slot, ready_generation, $4::text, count(*)::int,
+            array_agg(receipt_id ORDER BY receipt_id),
+            range_agg(int8range(receipt_id, receipt_id + 1, '[)') ORDER BY receipt_id),
+            clock_timestamp()
+        FROM batch_claims
+        GROUP BY claim_slot, ready_slot, ready_generation
+        RETURNING claim_slot
+    )
+    SELECT
+        row_claims.ready_slot, row_claims.ready_generation, row_claims.job_id, row_claims.queue,
+        'running'::awa.job_state AS state, row_claims.priority, row_claims.attempt,
+        row_claims.run_lease, row_claims.max_attempts, row_claims.lane_seq,
+        row_claims.enqueue_shard, row_claims.claimed_at AS attempted_at,
+        $5::text AS rescue_error
+    FROM row_claims
+    JOIN row_closed
+      ON row_closed.claim_slot = row_claims.claim_slot
+     AND row_closed.job_id = row_claims.job_id
+     AND row_closed.run_lease = row_claims.run_lease
+    UNION ALL
+    SELECT
+        ready_slot, ready_generation, job_id, queue, 'running'::awa.job_state, priority, attempt,
+        run_lease, max_attempts, lane_seq, enqueue_shard, claimed_at, $5::text
+    FROM batch_claims
+    WHERE EXISTS (SELECT 1 FROM batch_closed)
+"""
+
+# "Does the unique mask {mask} claim state {state}": unique_states is the
+# text form of awa's bit(8) mask, one character per awa.job_state in enum order.
+_MASK_CLAIMS = (
+    "COALESCE(substr({mask}, array_position(enum_range(NULL::awa.job_state), "
+    "({state})::awa.job_state), 1) = '1', false)"
+)
+
+
+def mask_claims(mask: str, state: str) -> str:
+    return _MASK_CLAIMS.replace("{mask}", mask).replace("{state}", state)
+
+
+# Settle the taken attempts of one batch (parameters in `settle`). Column
+# effects: see the module docstring. Returns each rescued job as an
+# awa.jobs-shaped row plus `outcome` (retryable, failed, dlq, cancelled).
+SETTLE_SQL = f"""
+    WITH taken AS MATERIALIZED (
+        SELECT *
+        FROM unnest(
+            $1::int[], $2::bigint[], $3::bigint[], $4::text[], $5::awa.job_state[],
+            $6::smallint[], $7::smallint[], $8::bigint[], $9::smallint[], $10::bigint[],
+            $11::smallint[], $12::timestamptz[], $13::text[]
+        ) AS t(
+            ready_slot, ready_generation, job_id, queue, old_state, priority, attempt,
+            run_lease, max_attempts, lane_seq, enqueue_shard, attempted_at, rescue_error
+        )
+    ),
+    hydrated AS MATERIALIZED (
+        SELECT
+            taken.*,
+            ready.kind, ready.args, ready.run_at, ready.created_at, ready.unique_key,
+            ready.unique_states,
+            CASE WHEN jsonb_typeof(ready.payload) = 'object' THEN ready.payload
+                 ELSE '{{}}'::jsonb END AS base_payload
+        FROM taken
+        JOIN {{schema}}.ready_entries AS ready
+          ON ready.ready_slot = taken.ready_slot
+         AND ready.ready_generation = taken.ready_generation
+         AND ready.queue = taken.queue
+         AND ready.enqueue_shard = taken.enqueue_shard
+         AND ready.lane_seq = taken.lane_seq
+         AND ready.job_id = taken.job_id
+    ),
+    attempt_rows AS (
+        DELETE FROM {{schema}}.attempt_state AS attempt
+        USING taken
+        WHERE attempt.job_id = taken.job_id
+          AND attempt.run_lease = taken.run_lease
+        RETURNING attempt.job_id, attempt.run_lease, attempt.progress
+    ),
+    planned AS MATERIALIZED (
+        SELECT
+            hydrated.*,
+            attempt_rows.progress,
+            CASE
+                WHEN $16::boolean THEN 'cancelled'
+                WHEN $14::boolean AND hydrated.attempt >= hydrated.max_attempts THEN
+                    CASE WHEN hydrated.queue = ANY($15::text[]) THEN 'dlq' ELSE 'failed' END
+                ELSE 'retryable'
+            END AS target
+        FROM hydrated
+        LEFT JOIN attempt_rows
+          ON attempt_rows.job_id = hydrated.job_id
+         AND attempt_rows.run_lease = hydrated.run_lease
+    ),
+    claiming AS MATERIALIZED (
+        SELECT
+            planned.*,
+            planned.unique_key IS NOT NULL
+                AND {mask_claims("planned.unique_states", "planned.old_state")} AS old_claims,
+            planned.unique_key IS NOT NULL AND planned.target <> 'cancelled'
+                AND {
+    mask_claims(
+        "planned.unique_states", "CASE planned.target WHEN 'dlq' THEN 'failed' ELSE planned.target END"
+    )
+} AS new_claims
+        FROM planned
+    ),
+    wanted AS (
+        SELECT DISTINCT ON (unique_key) unique_key, job_id
+        FROM claiming
+        WHERE new_claims AND NOT old_claims
+        ORDER BY unique_key, job_id
+    ),
+    acquired AS (
+        INSERT INTO awa.job_unique_claims AS held (unique_key, job_id)
+        SELECT unique_key, job_id FROM wanted
+        ON CONFLICT (unique_key) DO UPDATE SET job_id = EXCLUDED.job_id
+        WHERE held.job_id = EXCLUDED.job_id
+        RETURNING held.job_id
+    ),
+    settled AS MATERIALIZED (
+        SELECT
+            claiming.*,
+            CASE
+                WHEN claiming.new_claims AND NOT claiming.old_claims
+                     AND NOT EXISTS (SELECT 1 FROM acquired WHERE acquired.job_id = claiming.job_id)
+                THEN 'cancelled'
+                ELSE claiming.target
+            END AS outcome
+        FROM claiming
+    ),
+    released AS (
+        DELETE FROM awa.job_unique_claims AS held
+        USING settled
+        WHERE settled.old_claims
+          AND NOT {
+    mask_claims(
+        "settled.unique_states", "CASE settled.outcome WHEN 'dlq' THEN 'failed' ELSE settled.outcome END"
+    )
+}
+          AND held.unique_key = settled.unique_key
+          AND held.job_id = settled.job_id
+        RETURNING held.job_id
+    ),
+    finished AS MATERIALIZED (
+        SELECT
+            settled.*,
+            clock_timestamp() AS settled_at,
+            CASE WHEN settled.outcome = 'retryable'
+                 THEN clock_timestamp()
+                      + awa.backoff_duration(settled.attempt, settled.max_attempts)
+                 ELSE settled.run_at END AS next_run_at,
+            CASE WHEN settled.progress IS NULL THEN settled.base_payload
+                 ELSE jsonb_set(settled.base_payload, '{{progress}}', settled.progress) END
+            || jsonb_build_object(
+                'errors',
+                CASE WHEN jsonb_typeof(settled.base_payload -> 'errors') = 'array'
+                     THEN settled.base_payload -> 'errors' ELSE '[]'::jsonb END
+                || jsonb_build_array(
+                    jsonb_build_object(
+                        'error', settled.rescue_error,
+                        'attempt', settled.attempt,
+                        'at', clock_timestamp()
+                    )
+                    || CASE WHEN settled.target IN ('failed', 'dlq')
+                            THEN '{{"terminal": true}}'::jsonb ELSE '{{}}'::jsonb END
+                )
+                || CASE WHEN settled.outcome = 'cancelled'
+                        THEN jsonb_build_array(jsonb_build_object(
+                            'error', $17::text,
+                            'attempt', settled.attempt,
+                            'at', clock_timestamp(),
+                            'terminal', true
+                        ))
+                        ELSE '[]'::jsonb END
+            ) AS payload
+        FROM settled
+    ),
+    receipt_row_closures AS (
+        INSERT INTO {{schema}}.lease_claim_closures
+            (claim_slot, job_id, run_lease, outcome, closed_at)
+        SELECT claims.claim_slot, claims.job_id, claims.run_lease, '{OUTCOME_SETTLED}',
+               clock_timestamp()
+        FROM {{schema}}.lease_claims AS claims
+        JOIN finished
+          ON finished.job_id = claims.job_id
+         AND finished.run_lease = claims.run_lease
+        ON CONFLICT (claim_slot, job_id, run_lease) DO NOTHING
+        RETURNING claim_slot, job_id, run_lease, closed_at
+    ),
+    receipt_rows_marked AS (
+        UPDATE {{schema}}.lease_claims AS claims
+        SET closed_at = COALESCE(claims.closed_at, receipt_row_closures.closed_at)
+        FROM receipt_row_closures
+        WHERE claims.claim_slot = receipt_row_closures.claim_slot
+          AND claims.job_id = receipt_row_closures.job_id
+          AND claims.run_lease = receipt_row_closures.run_lease
+        RETURNING claims.job_id
+    ),
+    settled_batch_items AS MATERIALIZED (
+        -- Each compact batch holding a settled attempt, unnested once.
+        SELECT claim_batches.claim_slot, claim_batches.ready_slot,
+               claim_batches.ready_generation, items.job_id, items.run_lease, items.receipt_id
+        FROM {{schema}}.lease_claim_batches AS claim_batches
+        CROSS JOIN LATERAL unnest(
+            claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids
+        ) AS items(job_id, run_lease, receipt_id)
+        WHERE claim_batches.job_ids && $3::bigint[]
+    ),
+    open_batch_items AS (
+        SELECT items.claim_slot, items.ready_slot, items.ready_generation, items.receipt_id
+        FROM settled_batch_items AS items
+        JOIN finished
+          ON finished.job_id = items.job_id
+         AND finished.run_lease = items.run_lease
+        WHERE NOT EXISTS (
+              SELECT 1 FROM {{schema}}.lease_claim_closures AS closures
+              WHERE closures.claim_slot = items.claim_slot
+                AND closures.job_id = items.job_id
+                AND closures.run_lease = items.run_lease
+          )
+          AND NOT EXISTS (
+              SELECT 1 FROM {{schema}}.lease_claim_closure_batches AS closure_batches
+              WHERE closure_batches.claim_slot = items.claim_slot
+                AND closure_batches.receipt_ranges @> items.receipt_id
+          )
+    ),
+    receipt_batch_closures AS (
+        INSERT INTO {{schema}}.lease_claim_closure_batches (
+            claim_slot, ready_slot, ready_generation, outcome, closed_count,
+            receipt_ids, receipt_ranges, closed_at
+        )
+        SELECT
+            claim_slot, ready_slot, ready_generation, '{OUTCOME_SETTLED}', count(*)::int,
+            array_agg(receipt_id ORDER BY receipt_id),
+            range_agg(int8range(receipt_id, receipt_id + 1, '[)') ORDER BY receipt_id),
+            clock_timestamp()
+        FROM open_batch_items
+        GROUP BY claim_slot, ready_slot, ready_generation
+        RETURNING claim_slot
+    ),
+    deferred_rows AS (
+        INSERT INTO {{schema}}.deferred_jobs (
+            job_id, kind, queue, args, state, priority, attempt, run_lease, max_attempts,
+            run_at, attempted_at, finalized_at, created_at, unique_key, unique_states, payload
+        )
+        SELECT
+            job_id, kind, queue, args, 'retryable', priority, attempt, run_lease, max_attempts,
+            next_run_at, attempted_at, settled_at, created_at, unique_key, unique_states, payload
+        FROM finished
+        WHERE outcome = 'retryable'
+        RETURNING job_id
+    ),
+    done_rows AS (
+        INSERT INTO {{schema}}.done_entries (
+            ready_slot, ready_generation, job_id, kind, queue, state, priority, attempt,
+            run_lease, lane_seq, enqueue_shard, attempted_at, finalized_at, payload
+        )
+        SELECT
+            ready_slot, ready_generation, job_id, kind, queue, outcome::awa.job_state, priority,
+            attempt, run_lease, lane_seq, enqueue_shard, attempted_at, settled_at, payload
+        FROM finished
+        WHERE outcome IN ('failed', 'cancelled')
+        RETURNING job_id
+    ),
+    terminal_deltas AS (
+        INSERT INTO {{schema}}.queue_terminal_count_deltas (
+            ready_slot, ready_generation, queue, priority, enqueue_shard, counter_bucket,
+            terminal_delta
+        )
+        SELECT ready_slot, ready_generation, queue, priority, enqueue_shard,
+               (job_id % 256)::smallint, count(*)
+        FROM finished
+        WHERE outcome IN ('failed', 'cancelled')
+        GROUP BY ready_slot, ready_generation, queue, priority, enqueue_shard,
+                 (job_id % 256)::smallint
+        RETURNING terminal_delta
+    ),
+    dlq_rows AS (
+        INSERT INTO {{schema}}.dlq_entries (
+            job_id, kind, queue, args, state, priority, attempt, run_lease, max_attempts,
+            run_at, attempted_at, finalized_at, created_at, unique_key, unique_states, payload,
+            dlq_reason, dlq_at, original_run_lease
+        )
+        SELECT
+            job_id, kind, queue, args, 'failed', priority, attempt, run_lease, max_attempts,
+            run_at, attempted_at, settled_at, created_at, unique_key, unique_states, payload,
+            $18::text, settled_at, run_lease
+        FROM finished
+        WHERE outcome = 'dlq'
+        RETURNING job_id
+    )
+    SELECT
+        job_id AS id, kind, queue, args,
+        (CASE outcome WHEN 'dlq' THEN 'failed' ELSE outcome END)::awa.job_state AS state,
+        priority, attempt, max_attempts, next_run_at AS run_at,
+        NULL::timestamptz AS heartbeat_at, NULL::timestamptz AS deadline_at, attempted_at,
+        settled_at AS finalized_at, created_at,
+        payload -> 'errors' AS errors,
+        payload -> 'metadata' AS metadata,
+        ARRAY(SELECT jsonb_array_elements_text(
+            CASE WHEN jsonb_typeof(payload -> 'tags') = 'array' THEN payload -> 'tags'
+                 ELSE '[]'::jsonb END)) AS tags,
+        unique_key, unique_states,
+        NULL::uuid AS callback_id, NULL::timestamptz AS callback_timeout_at,
+        NULL::text AS callback_filter, NULL::text AS callback_on_complete,
+        NULL::text AS callback_on_fail, NULL::text AS callback_transform,
+        run_lease, payload -> 'progress' AS progress,
+        outcome
+    FROM finished
+    ORDER BY job_id
+"""
+
+
+#: Transaction-local: no JIT for the rescue statements.
+NO_JIT_SQL = "SET LOCAL jit = off"
+
+
+def sql_literal(text: str) -> str:
+    """A constant (never user input) as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def in_schema(ctx: MaintenanceContext, template: str) -> str:
+    """``template`` with ``{schema}`` filled in: the queue-storage schema from
+    ``awa.storage_status()`` (a validated plain identifier)."""
+    return template.replace("{schema}", ctx.schema.queue_storage_schema)
+
+
+class SettleMismatch(Exception):
+    """The settle statement did not account for every taken attempt (its
+    ready entry is missing): the batch must not commit."""
+
+
+#: ``take(conn, ctx, limit, job_ids)``: take up to ``limit`` attempts (only
+#: these jobs when ``job_ids`` is not None), returning TAKEN_COLUMNS records.
+Take = Callable[[Connection, MaintenanceContext, int, "list[int] | None"], Awaitable[list[Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStorageRescue:
+    """One queue-storage rescue branch."""
+
+    #: Branch name (logs, tracker).
+    name: str
+    #: ``awa.rescue.kind`` metric attribute: heartbeat, deadline, callback_timeout.
+    metric_kind: str
+    reason: RescueReason
+    #: MaintenanceConfig field holding the branch interval (for the drain budget).
+    interval_setting: str
+    take: Take
+    #: Error entry of a job cancelled as a superseded duplicate.
+    duplicate_error: str
+    #: Whether attempts still running in this process are signalled.
+    cancels_in_flight: bool
+    #: Exhausted attempts become failed (or dead-lettered) instead of retryable.
+    exhausts_to_failed: bool = False
+
+
+@dataclasses.dataclass
+class _BatchOutcome:
+    taken: int
+    records: list[Any]
+    skipped: list[int]
+    row_by_row: bool = False
+
+
+async def run_rescue(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> RescueResult:
+    """One tick of a queue-storage rescue branch (the shared drain over this
+    engine's batch)."""
+
+    async def batch(part: RescueResult, batch_size: int) -> BatchOutcome | None:
+        outcome = await rescue_batch(ctx, rescue, batch_size)
+        part.row_by_row_batches = int(outcome.row_by_row)
+        part.skipped = outcome.skipped
+        for record in outcome.records:
+            job = JobRow.from_record(record, engine=QUEUE_STORAGE)
+            if record["outcome"] == "cancelled":
+                part.duplicates_cancelled.append(job)
+                continue
+            part.rescued.append(job)
+            if record["outcome"] == "dlq":
+                part.dead_lettered.append(job)
+        return BatchOutcome(outcome.taken, more=outcome.taken >= batch_size and bool(outcome.records))
+
+    return await drain_rescues(ctx, rescue, batch)
+
+
+async def rescue_batch(ctx: MaintenanceContext, rescue: QueueStorageRescue, limit: int) -> _BatchOutcome:
+    """One batch in one transaction (the row-by-row fallback included)."""
+    async with ctx.db.transaction() as conn:
+        # The planner prices these statements (subplans over every ring
+        # partition) above jit_above_cost; compiling them costs seconds,
+        # running them milliseconds.
+        await conn.execute(NO_JIT_SQL)
+        taken: list[Any] = []
+        try:
+            async with conn.transaction():
+                taken = await rescue.take(conn, ctx, limit, None)
+                records = await settle(conn, ctx, rescue, taken) if taken else []
+            return _BatchOutcome(len(taken), records, [])
+        except ConnectionLost:
+            raise
+        except (QueryError, SettleMismatch) as exc:
+            if not taken:
+                raise
+            log.warning(
+                "%s: batch of %d failed (%s); redoing it row by row",
+                rescue.name,
+                len(taken),
+                _describe(exc),
+            )
+        records, skipped = await settle_row_by_row(conn, ctx, rescue, taken)
+        return _BatchOutcome(len(taken), records, skipped, row_by_row=True)
+
+
+async def settle_row_by_row(
+    conn: Connection, ctx: MaintenanceContext, rescue: QueueStorageRescue, taken: Sequence[Any]
+) -> tuple[list[Any], list[int]]:
+    """Each attempt of a failed batch under its own savepoint: a 23505 makes
+    that row a cancelled terminal row; any other failure leaves it untouched."""
+    records: list[Any] = []
+    skipped: list[int] = []
+    for job_id in dict.fromkeys(int(row["job_id"]) for row in taken):
+        try:
+            async with conn.transaction():
+                one = await rescue.take(conn, ctx, 1, [job_id])
+                if one:
+                    records += await settle(conn, ctx, rescue, one)
+            continue
+        except ConnectionLost:
+            raise
+        except UniqueViolation as exc:
+            log.warning(
+                "%s: rescuing job queue_storage:%d conflicts (%s); cancelling it as a superseded duplicate",
+                rescue.name,
+                job_id,
+                _describe(exc),
+            )
+        except (QueryError, SettleMismatch) as exc:
+            log.error(
+                "%s: rescue of job queue_storage:%d failed; leaving it for the next tick: %s",
+                rescue.name,
+                job_id,
+                _describe(exc),
+            )
+            skipped.append(job_id)
+            continue
+        try:
+            async with conn.transaction():
+                one = await rescue.take(conn, ctx, 1, [job_id])
+                if one:
+                    records += await settle(conn, ctx, rescue, one, cancel=True)
+        except ConnectionLost:
+            raise
+        except (QueryError, SettleMismatch) as exc:
+            log.error(
+                "%s: cannot rescue or cancel job queue_storage:%d; leaving it as it is (resolve by hand): %s",
+                rescue.name,
+                job_id,
+                _describe(exc),
+            )
+            skipped.append(job_id)
+    return records, skipped
+
+
+async def settle(
+    conn: Connection,
+    ctx: MaintenanceContext,
+    rescue: QueueStorageRescue,
+    taken: Sequence[Any],
+    *,
+    cancel: bool = False,
+) -> list[Any]:
+    """Run :data:`SETTLE_SQL` over the taken attempts (``cancel``: all of them
+    become cancelled terminal rows)."""
+    columns = [[row[name] for row in taken] for name in TAKEN_COLUMNS]
+    columns[4] = [str(state) for state in columns[4]]
+    dlq_queues = sorted(
+        queue
+        for queue in {row["queue"] for row in taken}
+        if rescue.exhausts_to_failed and ctx.config.dlq_policy.enabled_for(queue)
+    )
+    records = await conn.fetch(
+        in_schema(ctx, SETTLE_SQL),
+        *columns,
+        rescue.exhausts_to_failed,
+        dlq_queues,
+        cancel,
+        rescue.duplicate_error,
+        CALLBACK_TIMEOUT_DLQ_REASON,
+    )
+    missing = {int(row["job_id"]) for row in taken} - {int(record["id"]) for record in records}
+    if missing:
+        raise SettleMismatch(f"no ready entry found for taken attempts of jobs {sorted(missing)[:20]}")
+    return records
+
+
+async def take_receipts(
+    conn: Connection,
+    ctx: MaintenanceContext,
+    lock_sql: str,
+    lock_params: Sequence[Any],
+    *,
+    outcome: str,
+    error: str,
+) -> list[Any]:
+    """Receipt side of a take: lock (statement given), then close (a fresh
+    snapshot, after the locks)."""
+    locked = await conn.fetch(in_schema(ctx, lock_sql), *lock_params)
+    if not locked:
+        return []
+    return await conn.fetch(
+        in_schema(ctx, CLOSE_RECEIPTS_SQL),
+        [row["claim_slot"] for row in locked],
+        [row["job_id"] for row in locked],
+        [row["run_lease"] for row in locked],
+        outcome,
+        error,
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    return describe_error(exc) if isinstance(exc, QueryError) else str(exc)

@@ -1,0 +1,71 @@
+"""rescue_expired_callbacks (queue storage): give up on external callbacks
+that never came.
+
+A job waiting for a callback is always a materialised ``leases`` row in
+``waiting_external``. Past ``callback_timeout_at`` (earliest first, at most
+``rescue_batch_size`` per batch) it is retried with backoff
+(``retryable``, ``run_at = now() + awa.backoff_duration(attempt,
+max_attempts)``), or, when that attempt was its last, it fails for good: a
+``failed`` done row, or straight into ``dlq_entries`` (reason
+``callback_timeout``, metric ``awa.job.dlq_moved``) when
+``dlq_policy.enabled_for(queue)``. Upstream writes the failed row and then
+moves it in a second transaction; here it is one statement, so no reader
+ever sees the job failed-but-not-yet-dead-lettered. awa-pg cannot switch
+the DLQ on from Python, so awa_trio's ``--dlq-enabled-default`` /
+``--dlq-queue`` are how a Python fleet gets these moves.
+
+Nothing is running in any process, so no in-flight cancellation. Shared
+machinery and SQL: :mod:`.rescue`.
+"""
+
+from __future__ import annotations
+
+from ...context import MaintenanceContext
+from ...db import Connection
+from ...hooks import RescueReason
+from ...maintenance.rescue import RescueResult
+from .rescue import (
+    QueueStorageRescue,
+    in_schema,
+    run_rescue,
+    take_leases_sql,
+)
+
+NAME = "rescue_expired_callbacks"
+METRIC_KIND = "callback_timeout"
+RESCUE_ERROR = "callback timed out"
+DUPLICATE_ERROR = "rescued as duplicate: callback timed out and unique claim held by a newer job"
+
+# $1 = row limit, $2 = job ids or NULL.
+TAKE_EXPIRED_CALLBACKS_SQL = take_leases_sql(
+    predicate=(
+        "lease.state = 'waiting_external' AND lease.callback_timeout_at IS NOT NULL "
+        "AND lease.callback_timeout_at < clock_timestamp()"
+    ),
+    order_by="lease.callback_timeout_at",
+    error=RESCUE_ERROR,
+    limit="$1",
+    job_filter="$2",
+)
+
+
+async def take_expired_callbacks(
+    conn: Connection, ctx: MaintenanceContext, limit: int, job_ids: list[int] | None
+) -> list:
+    return list(await conn.fetch(in_schema(ctx, TAKE_EXPIRED_CALLBACKS_SQL), limit, job_ids))
+
+
+RESCUE = QueueStorageRescue(
+    name=NAME,
+    metric_kind=METRIC_KIND,
+    reason=RescueReason.EXPIRED_CALLBACK,
+    interval_setting="callback_rescue_interval",
+    take=take_expired_callbacks,
+    duplicate_error=DUPLICATE_ERROR,
+    cancels_in_flight=False,
+    exhausts_to_failed=True,
+)
+
+
+async def run_once(ctx: MaintenanceContext) -> RescueResult:
+    return await run_rescue(ctx, RESCUE)

@@ -1,0 +1,288 @@
+"""Queue ring: rotate the cursor, then prune the oldest sealed slot.
+
+The queue ring keeps ready, done, receipt and count-delta rows in one child
+table per slot. Rotation moves the enqueue cursor to the next slot once that
+slot is empty; prune empties the oldest sealed slot with TRUNCATE (no dead
+tuples), after proving nothing in it is still needed, so the ring can come
+round again. Upstream: ``QueueStorage::rotate`` / ``prune_oldest`` (v0.6.1).
+
+Deliberate differences from upstream:
+
+* upstream copies every failed row inside the failed-retention floor into
+  the live slot once a lap (every slot_count - 1 rotations), even when the
+  ring has no traffic at all. Here a slot that holds nothing but such rows
+  is left alone while the live slot has received no work, and the ring parks
+  in front of it; an idle ring rewrites nothing. Rows past the floor by more
+  than one lap's time still make the prune run. Under traffic both rewrite
+  each row once a lap: the schema leaves no cheaper place for them (README);
+* a slot that is already empty is a Noop without locks (upstream truncates
+  it again, eight ACCESS EXCLUSIVE locks on hot partitions, every tick);
+* rotate and prune run READ COMMITTED whatever the database default, so the
+  gates after the lock wait see what committed during it.
+
+The queue ring has no rescue cursors to reset: those live on the claim ring.
+
+Concurrent writers, and what makes each pair safe:
+
+* **Producers, promotion, move_queue** write only into the slot they read
+  as current after reserving their lane position (the lane-order invariant
+  in :mod:`.promote`); rotation checks the slot after the current one, which
+  only a writer whose ring read is a whole lap old could write to.
+* **A foreign leader's rotation or prune, our rollup**: the ring-state row
+  serialises them. Rotation locks it ``SKIP LOCKED`` and moves the cursor by
+  compare-and-set (a lost race is a no-op); prune and rollup lock it
+  ``FOR UPDATE`` for their whole transaction.
+* **Workers and rescues completing attempts of the slot** (done rows,
+  receipt completions, count deltas): while an attempt of the slot is open
+  (a lease, a claim without closure) or an entry is unclaimed, the gates
+  skip the prune. The gates run again after the ACCESS EXCLUSIVE lock, READ
+  COMMITTED, so a completion that committed during the wait is seen, and
+  the fold into the rollups reads the children themselves (ground truth).
+  A writer already inside a child holds a lock that makes the prune
+  Blocked (10 ms lock timeout, retried with backoff), never waited for.
+* **Claimers and readers of the slot** hold share locks: the same Blocked.
+* The pending-ready gate looks at every generation in the child, since
+  TRUNCATE empties them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ...context import MaintenanceContext
+from ...db import Connection, Database, QueryError
+from ...tracker import PruneOutcome
+from . import queue_ring as sql
+from .layout import schema_name
+from .rings import QUEUE_RING, PruneResult, RingCursor, RingTickResult, RotateResult, run_ring_tick
+
+log = logging.getLogger(__name__)
+
+NAME = "rotate_queue"
+
+#: Upstream's prune lock wait: a prune that cannot lock a slot at once gives
+#: way to the readers holding it and reports Blocked.
+PRUNE_LOCK_TIMEOUT = 0.010
+
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+async def run_once(ctx: MaintenanceContext) -> RingTickResult:
+    return await run_ring_tick(ctx, branch=NAME, ring=QUEUE_RING, rotate=rotate, prune=prune)
+
+
+async def rotate(ctx: MaintenanceContext) -> RotateResult:
+    """Advance the cursor to the next slot if every child of it is empty;
+    otherwise SkippedBusy naming the children that still hold rows. One
+    statement (:func:`.queue_ring.rotate_sql`)."""
+    row = await _fetch_one(ctx.db, sql.rotate_sql(schema_name(ctx)))
+    current, generation, slot_count = (
+        int(row["current_slot"]),
+        int(row["generation"]),
+        int(row["slot_count"]),
+    )
+    next_slot = (current + 1) % slot_count
+    if row["moved"]:
+        oldest_slot = row["oldest_slot"]
+        cursor = RingCursor(
+            next_slot,
+            generation + 1,
+            slot_count,
+            oldest_clean=None if oldest_slot is None else bool(row["oldest_clean"]),
+            oldest_slot=None if oldest_slot is None else int(oldest_slot),
+        )
+        return RotateResult(rotated=True, slot=next_slot, generation=generation + 1, cursor=cursor)
+    blockers = {label: int(row[label]) for label, _table in sql.QUEUE_SLOT_CHILDREN}
+    if any(blockers.values()):
+        return RotateResult(
+            rotated=False,
+            slot=next_slot,
+            blockers=blockers,
+            cursor=RingCursor(current, generation, slot_count),
+        )
+    # Moved by another rotator since read, or its row held by a prune or rollup.
+    return RotateResult(rotated=False, slot=next_slot)
+
+
+async def _fetch_one(conn: Connection | Database, query: str, *args: object) -> Any:
+    """The one row ``query`` always returns."""
+    row = await conn.fetchrow(query, *args)
+    if row is None:  # pragma: no cover - the queries above always return a row
+        raise RuntimeError(f"{NAME}: expected one row from {query.strip()[:60]!r}")
+    return row
+
+
+class _Blocked(Exception):
+    """A lock on the slot's children was not granted within the lock wait."""
+
+
+async def prune(
+    ctx: MaintenanceContext,
+    cursor: RingCursor | None = None,
+    *,
+    lock_timeout: float = PRUNE_LOCK_TIMEOUT,
+    defer_idle_carry: bool = True,
+) -> PruneResult:
+    """Empty the oldest sealed slot, if nothing in it is still needed.
+
+    ``details`` carries ``rewritten_rows`` (failed rows copied into the live
+    slot: the write cost of keeping them inside the retention floor) and the
+    terminal counts folded into the rollups. ``defer_idle_carry=False``
+    behaves as upstream (for measurements): carry even on an idle ring.
+
+    With the ``cursor`` a rotation just saw, an oldest slot without a heap
+    page (an idle ring's every tick) is a Noop after one statement outside
+    any transaction; everything else takes the locked path.
+    """
+    schema = schema_name(ctx)
+    if cursor is not None and cursor.oldest_clean is not None and cursor.oldest_slot is not None:
+        # The rotation's statement looked already.
+        if cursor.oldest_clean:
+            return PruneResult(PruneOutcome.NOOP, slot=cursor.oldest_slot)
+    elif cursor is not None:
+        oldest = await ctx.db.fetchrow(sql.oldest_slot_clean_sql(schema), cursor.slot)
+        if oldest is None:
+            return PruneResult(PruneOutcome.NOOP)
+        if oldest["clean"]:
+            return PruneResult(PruneOutcome.NOOP, slot=int(oldest["slot"]))
+    floor = max(0.0, float(ctx.config.failed_retention))
+    try:
+        async with ctx.db.transaction(isolation=sql.READ_COMMITTED) as conn:
+            result = await _prune_in_transaction(ctx, conn, schema, floor, lock_timeout, defer_idle_carry)
+            committing = time.perf_counter()
+    except _Blocked as blocked:
+        return PruneResult(PruneOutcome.BLOCKED, slot=blocked.args[0])
+    if result.outcome is PruneOutcome.PRUNED:
+        result.phase_seconds["commit"] = time.perf_counter() - committing
+    return result
+
+
+async def _prune_in_transaction(
+    ctx: MaintenanceContext,
+    conn: Connection,
+    schema: str,
+    floor: float,
+    lock_timeout: float,
+    defer_idle_carry: bool,
+) -> PruneResult:
+    state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
+    current, slot_count = int(state["current_slot"]), int(state["slot_count"])
+    target = await conn.fetchrow(sql.OLDEST_SEALED_SLOT_SQL.format(schema=schema), current)
+    if target is None:
+        return PruneResult(PruneOutcome.NOOP)
+    slot, generation = int(target["slot"]), int(target["generation"])
+
+    busy = await _fetch_one(conn, sql.children_busy_sql(schema, slot))
+    if not any(busy.values()):
+        # Already empty (pruned earlier, never used since): nothing to gain
+        # from eight ACCESS EXCLUSIVE locks on hot partitions.
+        return PruneResult(PruneOutcome.NOOP, slot=slot)
+
+    names = sql.child_placeholders(schema, slot)
+
+    # Gates before any exclusive lock, so a busy slot never queues hot claim
+    # reads behind a doomed TRUNCATE; checked again once the locks are held.
+    skipped = await _check_gates(conn, schema, slot, generation, names)
+    if skipped is not None:
+        return skipped
+
+    if defer_idle_carry and floor > 0 and busy["queue.done_rows"]:
+        live_ready = sql.child(schema, "ready_entries", current)
+        has_traffic = await conn.fetchval(sql.CURRENT_SLOT_HAS_TRAFFIC_SQL.format(ready_child=live_ready))
+        if not has_traffic:
+            grace = slot_count * float(ctx.config.queue_rotate_interval)
+            only_retained = await conn.fetchval(
+                sql.ONLY_RETAINED_FAILED_ROWS_SQL.format(**names), floor, grace
+            )
+            if only_retained:
+                return PruneResult(
+                    PruneOutcome.NOOP, slot=slot, details={"deferred_carry": True, "rewritten_rows": 0}
+                )
+
+    children = ", ".join(sql.slot_children(schema, slot))
+    await conn.execute(sql.SET_LOCK_TIMEOUT_SQL, f"{max(1, round(lock_timeout * 1000))}ms")
+    locking = time.perf_counter()
+    try:
+        await conn.execute(sql.LOCK_SLOT_SQL.format(children=children))
+    except QueryError as exc:
+        if exc.sqlstate == LOCK_NOT_AVAILABLE:
+            raise _Blocked(slot) from exc
+        raise
+    lock_seconds = time.perf_counter() - locking
+
+    # A producer or claimer that committed while we waited is visible now
+    # (read committed: every statement takes a fresh snapshot).
+    skipped = await _check_gates(conn, schema, slot, generation, names)
+    if skipped is not None:
+        return skipped
+
+    carried = 0
+    if floor > 0:
+        live_generation = await conn.fetchval(sql.SLOT_GENERATION_SQL.format(schema=schema), current)
+        status = await conn.execute(
+            sql.CARRY_FAILED_ROWS_SQL.format(schema=schema, **names), floor, current, live_generation
+        )
+        carried = _affected(status)
+        if carried:
+            await conn.execute(
+                sql.CARRY_COUNT_DELTAS_SQL.format(
+                    schema=schema, buckets=sql.TERMINAL_COUNTER_BUCKETS, **names
+                ),
+                floor,
+                current,
+                live_generation,
+            )
+
+    folded = await _fetch_one(
+        conn, sql.FOLD_INTO_ROLLUPS_SQL.format(schema=schema, **names), floor, floor > 0
+    )
+    truncating = time.perf_counter()
+    await conn.execute(sql.TRUNCATE_SLOT_SQL.format(children=children))
+    truncate_seconds = time.perf_counter() - truncating
+    await conn.execute(sql.DELETE_SLOT_LIVE_COUNTS_SQL.format(schema=schema), slot)
+    if carried:
+        log.debug(
+            "%s: carried %d failed rows inside the retention floor from slot %d to the live slot %d",
+            NAME,
+            carried,
+            slot,
+            current,
+        )
+    return PruneResult(
+        PruneOutcome.PRUNED,
+        slot=slot,
+        details={
+            "generation": generation,
+            "carried_failed_rows": carried,
+            "rewritten_rows": carried,
+            "folded_completed": int(folded["completed"]),
+            "folded_failed": int(folded["failed"]),
+        },
+        phase_seconds={"lock": lock_seconds, "truncate": truncate_seconds},
+    )
+
+
+async def _check_gates(
+    conn: Connection, schema: str, slot: int, generation: int, names: dict[str, str]
+) -> PruneResult | None:
+    gates = await _fetch_one(
+        conn, sql.PRUNE_GATES_SQL.format(schema=schema, ready_child=names["ready_child"]), slot, generation
+    )
+    for column, reason in (
+        ("active_leases", sql.REASON_ACTIVE_LEASES),
+        ("pending_ready", sql.REASON_PENDING_READY),
+        ("unclosed_claim_refs", sql.REASON_UNCLOSED_CLAIM_REFS),
+    ):
+        if gates[column]:
+            return PruneResult(PruneOutcome.SKIPPED_ACTIVE, slot=slot, reason=reason, count=1)
+    return None
+
+
+def _affected(status: str) -> int:
+    """Row count of an ``INSERT 0 n`` command tag."""
+    try:
+        return int(status.rsplit(" ", 1)[-1])
+    except (ValueError, IndexError):
+        return 0

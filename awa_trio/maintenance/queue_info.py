@@ -1,0 +1,274 @@
+"""Descriptor and storage-transition gauges, read by queue_stats on either
+engine in one statement per tick (the one that read queue descriptors alone
+before).
+
+* ``awa.queue.info``: one series per declared queue (value 1) carrying its
+  descriptor as labels, the join target Awa's Grafana dashboard uses to show
+  display names and owners.
+* ``awa.job_kind.info``: the same for declared job kinds (labels
+  ``awa.job.kind``, ``awa.job_kind.display_name``, ``.description``,
+  ``.owner``, ``.docs_url``, ``.tags`` joined by commas; a field a
+  descriptor leaves empty has no label).
+* ``awa.storage.state`` (1, labels state and engines, no prepared-engine
+  label when none is prepared), ``awa.storage.transition_ready`` (action
+  ``enter_mixed_transition`` | ``finalize``, 1 or 0),
+  ``awa.storage.canonical_live_backlog`` and
+  ``awa.storage.live_runtime_capability`` (per capability, all three always).
+
+Upstream (awa-worker 0.6.1) records ``awa.job_kind.info`` on every
+runtime's snapshot tick and the four storage gauges on every
+queue-storage-capable one's, from awa-model's storage report; awa_trio,
+leading alone, has no runtime to do it. The meaning is upstream's:
+
+* a runtime is live while ``last_seen_at`` + max(3 x max(its snapshot
+  interval, 1 s), 30 s) has not passed (upstream compares in milliseconds;
+  ``awa.storage_finalize()`` itself rounds to whole seconds);
+* the canonical live backlog is ``awa.canonical_live_backlog()``: every
+  ``awa.jobs_hot`` row not completed, failed or cancelled, plus every
+  ``awa.scheduled_jobs`` row;
+* enter mixed transition is ready in state ``prepared`` with
+  ``queue_storage`` prepared, its schema complete, no live ``canonical``
+  runtime and at least one live runtime with role ``queue_storage_target``
+  and capability ``queue_storage``;
+* finalize is ready in ``mixed_transition`` with ``queue_storage`` prepared,
+  a backlog of 0, and no live runtime whose capability keeps
+  ``awa.storage_finalize()`` waiting (canonical and drain-only on schema 39,
+  canonical only from schema 40: see :data:`FINALIZE_BLOCKERS`).
+
+Differences, on purpose: these are observable gauges over the snapshot the
+latest tick read, reported only while the term that read it leads, so a
+state, engine or job kind that changed or vanished stops reporting (upstream
+records synchronous gauges, which repeat every label set they ever saw;
+``awa.queue.info`` is still one here);
+and on finalised queue storage (active engine ``queue_storage``, state not
+``mixed_transition``) the canonical tables are not read (a least-privilege
+role has no grant on them then): the backlog is reported as 0, which it is
+by construction once finalize passed (it checks for 0 under the transition
+row's lock, and afterwards every insert routes to queue storage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..context import MaintenanceContext
+from ..metrics import STORAGE_CAPABILITIES, InfoSnapshot
+from ..schema import CANONICAL, QUEUE_STORAGE, STATE_CANONICAL, STATE_MIXED_TRANSITION, STATE_PREPARED
+
+#: Runtime capabilities whose live snapshots keep awa.storage_finalize()
+#: waiting, by schema version: schema 40 (Awa 0.6.2+) lets drained drain-only
+#: runtimes stay up through finalize.
+FINALIZE_BLOCKERS = {
+    39: ("canonical", "canonical_drain_only"),
+    40: ("canonical",),
+}
+#: The job states awa.queue.depth reports (upstream's list).
+DEPTH_STATES = ("available", "running", "failed", "scheduled", "retryable", "waiting_external")
+
+
+#: Relations a prepared queue-storage schema must hold before routing may flip
+#: (upstream's readiness list: the sequences and tables its runtimes use).
+PREPARED_SCHEMA_RELATIONS = (
+    "job_id_seq",
+    "lease_claim_receipt_id_seq",
+    "lease_claim_batch_id_seq",
+    "queue_ring_state",
+    "ready_entries",
+    "ready_claim_attempt_batches",
+    "ready_tombstones",
+    "ready_segments",
+    "done_entries",
+    "receipt_completion_batches",
+    "receipt_completion_tombstones",
+    "queue_terminal_count_deltas",
+    "leases",
+    "deferred_jobs",
+    "lease_claims",
+    "lease_claim_batches",
+    "lease_claim_closures",
+    "lease_claim_closure_batches",
+)
+#: (table, column) pairs the prepared schema must have.
+PREPARED_SCHEMA_COLUMNS = (
+    ("lease_claim_closure_batches", "receipt_ranges"),
+    ("queue_claim_heads", "ready_segment_slot"),
+    ("queue_claim_heads", "ready_segment_generation"),
+    ("queue_claim_heads", "ready_segment_next_lane_seq"),
+)
+#: The claim function runtimes call, and the columns its result must name.
+CLAIM_FUNCTION = "claim_ready_runtime"
+CLAIM_FUNCTION_ARGUMENTS = ("text", "int8", "float8", "float8")
+CLAIM_FUNCTION_RESULT_COLUMNS = ("receipt_id", "claim_batch_id", "claim_batch_index")
+
+_RELATIONS = ", ".join(f"'{name}'" for name in PREPARED_SCHEMA_RELATIONS)
+_COLUMNS = ", ".join(f"('{table}', '{column}')" for table, column in PREPARED_SCHEMA_COLUMNS)
+_ARGUMENTS = ", ".join(f"'{name}'" for name in CLAIM_FUNCTION_ARGUMENTS)
+_RESULT_COLUMNS = " AND ".join(
+    f"strpos(pg_get_function_result(proc.oid), '{name}') > 0" for name in CLAIM_FUNCTION_RESULT_COLUMNS
+)
+
+# The catalogs only (no privilege on the objects is needed, not even USAGE
+# on their schema); evaluated only while prepared.
+_PREPARED_SCHEMA_READY = f"""
+    (SELECT count(*) FROM pg_class AS rel
+       JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
+      WHERE nsp.nspname = status.queue_storage_schema
+        AND rel.relname IN ({_RELATIONS})) = {len(PREPARED_SCHEMA_RELATIONS)}
+    AND (SELECT count(*) FROM (VALUES {_COLUMNS}) AS wanted(table_name, column_name)
+          WHERE EXISTS (
+              SELECT 1 FROM pg_attribute AS att
+              JOIN pg_class AS rel ON rel.oid = att.attrelid
+              JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
+              WHERE nsp.nspname = status.queue_storage_schema
+                AND rel.relname = wanted.table_name
+                AND att.attname = wanted.column_name
+                AND att.attnum > 0 AND NOT att.attisdropped
+          )) = {len(PREPARED_SCHEMA_COLUMNS)}
+    AND EXISTS (
+        SELECT 1 FROM pg_proc AS proc
+        JOIN pg_namespace AS nsp ON nsp.oid = proc.pronamespace
+        WHERE nsp.nspname = status.queue_storage_schema
+          AND proc.proname = '{CLAIM_FUNCTION}'
+          AND proc.proargtypes = array_to_string(ARRAY[{_ARGUMENTS}]::regtype[]::oid[], ' ')::oidvector
+          AND {_RESULT_COLUMNS}
+    )
+"""
+
+# One row. awa.canonical_live_backlog() is a function (not inlined: it sets
+# its search_path), so on finalised queue storage, where the CASE does not
+# call it, its tables are never opened and need no grant.
+INFO_SQL = f"""
+    WITH status AS (
+        SELECT
+            state,
+            current_engine,
+            active_engine,
+            prepared_engine,
+            COALESCE(NULLIF(details->>'schema', ''), 'awa') AS queue_storage_schema
+        FROM awa.storage_status()
+    ),
+    live_runtime AS (
+        SELECT storage_capability, transition_role
+        FROM awa.runtime_instances AS runtime
+        WHERE runtime.last_seen_at + make_interval(
+                secs => GREATEST(3 * GREATEST(runtime.snapshot_interval_ms, 1000), 30000) / 1000.0
+              ) >= now()
+    )
+    SELECT
+        (
+            SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                       'name', queue, 'display_name', display_name, 'description', description,
+                       'owner', owner, 'docs_url', docs_url, 'tags', to_jsonb(tags)
+                   ) ORDER BY queue), '[]'::jsonb)
+            FROM awa.queue_descriptors
+        ) AS queues,
+        (
+            SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                       'name', kind, 'display_name', display_name, 'description', description,
+                       'owner', owner, 'docs_url', docs_url, 'tags', to_jsonb(tags)
+                   ) ORDER BY kind), '[]'::jsonb)
+            FROM awa.job_kind_descriptors
+        ) AS kinds,
+        status.state,
+        status.current_engine,
+        status.active_engine,
+        status.prepared_engine,
+        CASE
+            WHEN status.active_engine = '{QUEUE_STORAGE}'
+                 AND status.state IS DISTINCT FROM '{STATE_MIXED_TRANSITION}' THEN NULL
+            ELSE awa.canonical_live_backlog()
+        END AS canonical_live_backlog,
+        CASE
+            WHEN status.state = '{STATE_PREPARED}' AND status.prepared_engine = '{QUEUE_STORAGE}'
+            THEN {_PREPARED_SCHEMA_READY}
+            ELSE false
+        END AS prepared_schema_ready,
+        (
+            SELECT COALESCE(jsonb_object_agg(capability, live), '{{}}'::jsonb)
+            FROM (
+                SELECT storage_capability AS capability, count(*) AS live
+                FROM live_runtime
+                GROUP BY storage_capability
+            ) AS per_capability
+        ) AS live_runtime_capability,
+        (
+            SELECT count(*) FROM live_runtime
+            WHERE transition_role = 'queue_storage_target' AND storage_capability = '{QUEUE_STORAGE}'
+        ) AS live_queue_storage_targets
+    FROM (SELECT 1) AS always_one_row
+    LEFT JOIN status ON true
+"""
+
+
+def descriptor_attributes(prefix: str, key: str, descriptor: Mapping[str, Any]) -> dict[str, str]:
+    """Upstream's attribute set: ``key`` (the name), then only the fields a
+    descriptor declares, tags joined by commas."""
+    attributes = {key: str(descriptor["name"])}
+    for field in ("display_name", "description", "owner", "docs_url"):
+        value = descriptor.get(field)
+        if value:
+            attributes[f"{prefix}.{field}"] = str(value)
+    tags = descriptor.get("tags") or ()
+    if tags:
+        attributes[f"{prefix}.tags"] = ",".join(tags)
+    return attributes
+
+
+def storage_snapshot(row: Mapping[str, Any], schema_version: int) -> InfoSnapshot:
+    """The gauges' values from one INFO_SQL row (upstream's storage report)."""
+    state = row["state"] or STATE_CANONICAL
+    prepared_engine = row["prepared_engine"]
+    live = {capability: 0 for capability in STORAGE_CAPABILITIES}
+    for capability, count in (row["live_runtime_capability"] or {}).items():
+        live[str(capability)] = int(count)
+    backlog = row["canonical_live_backlog"]
+    enter_mixed_ready = (
+        state == STATE_PREPARED
+        and prepared_engine == QUEUE_STORAGE
+        and bool(row["prepared_schema_ready"])
+        and live["canonical"] == 0
+        and int(row["live_queue_storage_targets"]) > 0
+    )
+    blockers = FINALIZE_BLOCKERS.get(schema_version, FINALIZE_BLOCKERS[min(FINALIZE_BLOCKERS)])
+    finalize_ready = (
+        state == STATE_MIXED_TRANSITION
+        and prepared_engine == QUEUE_STORAGE
+        and backlog is not None
+        and int(backlog) == 0
+        and sum(live.get(capability, 0) for capability in blockers) == 0
+    )
+    return InfoSnapshot(
+        state=state,
+        current_engine=row["current_engine"] or CANONICAL,
+        active_engine=row["active_engine"] or CANONICAL,
+        prepared_engine=prepared_engine,
+        canonical_live_backlog=int(backlog) if backlog is not None else 0,
+        canonical_backlog_read=backlog is not None,
+        enter_mixed_transition_ready=enter_mixed_ready,
+        finalize_ready=finalize_ready,
+        live_runtime_capability=live,
+        job_kinds=tuple(
+            descriptor_attributes("awa.job_kind", "awa.job.kind", kind) for kind in row["kinds"] or ()
+        ),
+    )
+
+
+async def publish_info(ctx: MaintenanceContext) -> InfoSnapshot:
+    """Read descriptors and the storage report; publish ``awa.queue.info``
+    and replace the snapshot the observable gauges report."""
+    row = await ctx.db.fetchrow(INFO_SQL)
+    if row is None:  # the statement always returns one row
+        raise RuntimeError("the descriptor and storage reading returned no row")
+    for queue in row["queues"] or ():
+        ctx.metrics.record_queue_info(
+            queue["name"],
+            queue.get("display_name"),
+            queue.get("description"),
+            queue.get("owner"),
+            queue.get("docs_url"),
+            list(queue.get("tags") or ()),
+        )
+    snapshot = storage_snapshot(row, ctx.schema.version)
+    ctx.metrics.set_info_snapshot(snapshot)
+    return snapshot
