@@ -72,6 +72,8 @@ APPLICATION_NAME = f"awa_trio {_process_identity()}"
 # SQLSTATEs that mean the session is gone rather than that a statement failed.
 _CONNECTION_SQLSTATES = {"57P01", "57P02", "57P03"}
 UNIQUE_VIOLATION = "23505"
+#: SQLSTATE lock_not_available: a lock wait ran into lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 class DatabaseError(Exception):

@@ -11,6 +11,13 @@ import dataclasses
 
 from ...context import MaintenanceContext
 
+#: How long a prune waits for a slot's exclusive locks before it gives way to
+#: the readers holding them and reports Blocked (upstream's prune lock timeout).
+PRUNE_LOCK_TIMEOUT = 0.010
+#: Terminal counters are striped by ``job_id % TERMINAL_COUNTER_BUCKETS``
+#: (upstream's TERMINAL_COUNTER_BUCKETS).
+TERMINAL_COUNTER_BUCKETS = 256
+
 RING_SIZES_SQL = """
     SELECT
         (SELECT slot_count FROM {schema}.queue_ring_state WHERE singleton) AS queue_slots,

@@ -45,17 +45,12 @@ import dataclasses
 import time
 
 from ...context import MaintenanceContext
-from ...db import QueryError
+from ...db import LOCK_NOT_AVAILABLE, QueryError
 from ...tracker import PruneOutcome
-from .layout import schema_name
+from .layout import PRUNE_LOCK_TIMEOUT, schema_name
 from .queue_ring import READ_COMMITTED
 from .rings import PruneResult, RingCursor, RotateResult
 
-#: How long a prune waits for the exclusive child locks before it reports
-#: Blocked (upstream's default prune lock timeout).
-PRUNE_LOCK_TIMEOUT = 0.010
-#: SQLSTATE lock_not_available: a lock wait ran into lock_timeout.
-LOCK_NOT_AVAILABLE = "55P03"
 #: Busy and live-row counts stop at this many rows per child: enough to tell
 #: "one straggler" from "a backlog", never a full scan of a big partition.
 ROW_COUNT_CAP = 1000

@@ -28,9 +28,6 @@ REASON_ACTIVE_LEASES = "queue.active_leases"
 REASON_PENDING_READY = "queue.pending_ready"
 REASON_UNCLOSED_CLAIM_REFS = "queue.unclosed_claim_refs"
 
-#: Same as upstream's TERMINAL_COUNTER_BUCKETS: terminal counters are striped by job id.
-TERMINAL_COUNTER_BUCKETS = 256
-
 
 def child(schema: str, table: str, slot: int) -> str:
     """The child of ``table`` holding ``slot`` (slot numbers come from the ring state)."""

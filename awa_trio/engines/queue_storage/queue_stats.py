@@ -48,7 +48,7 @@ import logging
 from typing import Any
 
 from ...context import MaintenanceContext
-from ...db import Connection, QueryError, describe_error
+from ...db import LOCK_NOT_AVAILABLE, Connection, QueryError, describe_error
 from ...maintenance.queue_info import DEPTH_STATES, publish_info
 from .layout import schema_name
 
@@ -57,7 +57,6 @@ log = logging.getLogger(__name__)
 NAME = "queue_stats"
 #: Longest any statement of this branch waits for a table lock (seconds).
 RING_LOCK_TIMEOUT = 0.1
-LOCK_NOT_AVAILABLE = "55P03"
 
 CONTROL_PART = "control"
 LEASE_RING_PART = "lease_ring"

@@ -95,6 +95,7 @@ from ...hooks import RescueReason
 from ...jobs import QUEUE_STORAGE, JobRow
 from ...maintenance.drain import BatchOutcome
 from ...maintenance.rescue import CALLBACK_TIMEOUT_DLQ_REASON, RescueResult, drain_rescues
+from .layout import TERMINAL_COUNTER_BUCKETS
 
 log = logging.getLogger(__name__)
 
@@ -563,11 +564,11 @@ SETTLE_SQL = f"""
             terminal_delta
         )
         SELECT ready_slot, ready_generation, queue, priority, enqueue_shard,
-               (job_id % 256)::smallint, count(*)
+               (job_id % {TERMINAL_COUNTER_BUCKETS})::smallint, count(*)
         FROM finished
         WHERE outcome IN ('failed', 'cancelled')
         GROUP BY ready_slot, ready_generation, queue, priority, enqueue_shard,
-                 (job_id % 256)::smallint
+                 (job_id % {TERMINAL_COUNTER_BUCKETS})::smallint
         RETURNING terminal_delta
     ),
     dlq_rows AS (

@@ -20,8 +20,8 @@ See :mod:`.lease_claim_rings` for the transaction shapes.
 from __future__ import annotations
 
 from ...context import MaintenanceContext
+from .layout import PRUNE_LOCK_TIMEOUT
 from .lease_claim_rings import (
-    PRUNE_LOCK_TIMEOUT,
     RingTables,
     bounded_rows_in_next_slot,
     heap_pages_sql,

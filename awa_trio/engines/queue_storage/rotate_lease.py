@@ -13,8 +13,8 @@ holds a lease is SkippedBusy (``lease.rows``). See
 from __future__ import annotations
 
 from ...context import MaintenanceContext
+from .layout import PRUNE_LOCK_TIMEOUT
 from .lease_claim_rings import (
-    PRUNE_LOCK_TIMEOUT,
     RingTables,
     bounded_row_count,
     bounded_rows_in_next_slot,

@@ -52,21 +52,15 @@ import time
 from typing import Any
 
 from ...context import MaintenanceContext
-from ...db import Connection, Database, QueryError
+from ...db import LOCK_NOT_AVAILABLE, Connection, Database, QueryError
 from ...tracker import PruneOutcome
 from . import queue_ring as sql
-from .layout import schema_name
+from .layout import PRUNE_LOCK_TIMEOUT, TERMINAL_COUNTER_BUCKETS, schema_name
 from .rings import QUEUE_RING, PruneResult, RingCursor, RingTickResult, RotateResult, run_ring_tick
 
 log = logging.getLogger(__name__)
 
 NAME = "rotate_queue"
-
-#: Upstream's prune lock wait: a prune that cannot lock a slot at once gives
-#: way to the readers holding it and reports Blocked.
-PRUNE_LOCK_TIMEOUT = 0.010
-
-LOCK_NOT_AVAILABLE = "55P03"
 
 
 async def run_once(ctx: MaintenanceContext) -> RingTickResult:
@@ -227,9 +221,7 @@ async def _prune_in_transaction(
         carried = _affected(status)
         if carried:
             await conn.execute(
-                sql.CARRY_COUNT_DELTAS_SQL.format(
-                    schema=schema, buckets=sql.TERMINAL_COUNTER_BUCKETS, **names
-                ),
+                sql.CARRY_COUNT_DELTAS_SQL.format(schema=schema, buckets=TERMINAL_COUNTER_BUCKETS, **names),
                 floor,
                 current,
                 live_generation,

@@ -42,7 +42,7 @@ import logging
 from collections.abc import Callable
 
 from ...context import MaintenanceContext
-from ...db import Connection, QueryError
+from ...db import LOCK_NOT_AVAILABLE, Connection, QueryError
 from .layout import QueueStorageLayout, read_layout
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ NAME = "terminal_count_rollup"
 MAX_SLOTS_PER_TICK = 4
 #: How long the rollup waits for the delta child's lock (upstream's prune lock timeout).
 ROLLUP_LOCK_TIMEOUT = "10ms"
-LOCK_NOT_AVAILABLE = "55P03"
 
 CURRENT_SLOT_SQL = "SELECT current_slot FROM {schema}.queue_ring_state WHERE singleton"
 
