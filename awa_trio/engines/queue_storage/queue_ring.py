@@ -204,6 +204,29 @@ def oldest_slot_clean_sql(schema: str) -> str:
 
 SLOT_GENERATION_SQL = "SELECT generation FROM {schema}.queue_ring_slots WHERE slot = $1"
 
+# The unclosed-claim gate of a slot generation ($1 slot, $2 generation),
+# shared by the prune and the terminal-count rollup: true while its receipt
+# claims (row claims plus compact batches) outnumber their closure evidence
+# (row closures plus compact closure batches), i.e. some claim may still
+# finish. Counted, not anti-joined: a mismatch is enough, and the counts stay
+# cheap under a pinned MVCC horizon.
+UNCLOSED_CLAIMS = """(
+            (SELECT count(*) FROM {schema}.lease_claims
+             WHERE ready_slot = $1 AND ready_generation = $2)
+          + (SELECT COALESCE(sum(claimed_count), 0) FROM {schema}.lease_claim_batches
+             WHERE ready_slot = $1 AND ready_generation = $2)
+        ) <> (
+            (SELECT count(*)
+             FROM {schema}.lease_claims AS claims
+             JOIN {schema}.lease_claim_closures AS closures
+               ON closures.claim_slot = claims.claim_slot
+              AND closures.job_id = claims.job_id
+              AND closures.run_lease = claims.run_lease
+             WHERE claims.ready_slot = $1 AND claims.ready_generation = $2)
+          + (SELECT COALESCE(sum(closed_count), 0) FROM {schema}.lease_claim_closure_batches
+             WHERE ready_slot = $1 AND ready_generation = $2)
+        )"""
+
 # Upstream's three skip gates, in one round trip ($1 slot, $2 generation):
 # - leases still pointing at the slot's generation;
 # - ready rows at or ahead of their lane's claim cursor (not yet claimed), of
@@ -214,7 +237,8 @@ SLOT_GENERATION_SQL = "SELECT generation FROM {schema}.queue_ring_slots WHERE sl
 # - receipt claims of the generation without as much closure evidence as
 #   claims (counted, not anti-joined: a mismatch is enough to make TRUNCATE
 #   unsafe, and the count stays cheap under a pinned MVCC horizon).
-PRUNE_GATES_SQL = """
+PRUNE_GATES_SQL = (
+    """
     WITH claim_cursors AS MATERIALIZED (
         SELECT queue, priority, enqueue_shard,
                {schema}.sequence_next_value(seq_name) AS claim_seq
@@ -237,23 +261,11 @@ PRUNE_GATES_SQL = """
                 LIMIT 1
             ) AS unclaimed
         ) AS pending_ready,
-        (
-            (SELECT count(*) FROM {schema}.lease_claims
-             WHERE ready_slot = $1 AND ready_generation = $2)
-          + (SELECT COALESCE(sum(claimed_count), 0) FROM {schema}.lease_claim_batches
-             WHERE ready_slot = $1 AND ready_generation = $2)
-        ) <> (
-            (SELECT count(*)
-             FROM {schema}.lease_claims AS claims
-             JOIN {schema}.lease_claim_closures AS closures
-               ON closures.claim_slot = claims.claim_slot
-              AND closures.job_id = claims.job_id
-              AND closures.run_lease = claims.run_lease
-             WHERE claims.ready_slot = $1 AND claims.ready_generation = $2)
-          + (SELECT COALESCE(sum(closed_count), 0) FROM {schema}.lease_claim_closure_batches
-             WHERE ready_slot = $1 AND ready_generation = $2)
-        ) AS unclosed_claim_refs
+        """
+    + UNCLOSED_CLAIMS
+    + """ AS unclosed_claim_refs
 """
+)
 
 # Can the carry of this slot wait? True when the slot holds nothing but
 # failed done rows inside the retention floor (plus their count deltas) and

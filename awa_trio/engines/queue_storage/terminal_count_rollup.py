@@ -44,6 +44,7 @@ from collections.abc import Callable
 from ...context import MaintenanceContext
 from ...db import LOCK_NOT_AVAILABLE, Connection, QueryError
 from .layout import QueueStorageLayout, read_layout
+from .queue_ring import UNCLOSED_CLAIMS
 
 log = logging.getLogger(__name__)
 
@@ -120,26 +121,9 @@ ACTIVE_LEASES_SQL = """
     )
 """
 
-# Every claim of this slot generation (row claims plus compact batches) has a
-# closure (row closures plus compact closure batches). Counting suffices:
-# a mismatch means some claim may still finish, so the slot is skipped.
-UNCLOSED_CLAIMS_SQL = """
-    SELECT
-        (SELECT count(*) FROM {schema}.lease_claims
-         WHERE ready_slot = $1 AND ready_generation = $2)
-      + (SELECT COALESCE(sum(claimed_count), 0) FROM {schema}.lease_claim_batches
-         WHERE ready_slot = $1 AND ready_generation = $2)
-      <>
-        (SELECT count(*)
-         FROM {schema}.lease_claims AS claims
-         JOIN {schema}.lease_claim_closures AS closures
-           ON closures.claim_slot = claims.claim_slot
-          AND closures.job_id = claims.job_id
-          AND closures.run_lease = claims.run_lease
-         WHERE claims.ready_slot = $1 AND claims.ready_generation = $2)
-      + (SELECT COALESCE(sum(closed_count), 0) FROM {schema}.lease_claim_closure_batches
-         WHERE ready_slot = $1 AND ready_generation = $2)
-"""
+# Some claim of this slot generation may still finish (the gate the prune
+# uses too): the slot is skipped.
+UNCLOSED_CLAIMS_SQL = "SELECT " + UNCLOSED_CLAIMS
 
 DELTA_ROWS_SQL = """
     SELECT
