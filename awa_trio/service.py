@@ -48,7 +48,7 @@ from .schema import (
     SchemaInfo,
     check_schema,
 )
-from .supervisor import LeaderTerm, read_supported_schema, run_leader_term
+from .term import LeaderTerm, read_supported_schema, run_leader_term
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from support.helpers import leader_lock_holders
 from awa_trio import MaintenanceConfig, MaintenanceService, UnsupportedSchema
 from awa_trio.registry import default_branches
 from awa_trio.schema import check_schema
-from awa_trio.supervisor import STORAGE_POLL_INTERVAL
+from awa_trio.term import STORAGE_POLL_INTERVAL
 
 SWITCH_TO_QUEUE_STORAGE_SQL = """
     UPDATE awa.storage_transition_state
@@ -107,7 +107,7 @@ async def test_prepare_keeps_the_canonical_term_and_the_flip_ends_it(database_ur
     """Prepared routes nothing to queue storage yet: the canonical term goes
     on (logged); the routing flip then ends it within a storage poll, and the
     mixed-transition term keeps the lock."""
-    caplog.set_level(logging.INFO, logger="awa_trio.supervisor")
+    caplog.set_level(logging.INFO, logger="awa_trio.term")
     # A long lock check: the storage is still polled every STORAGE_POLL_INTERVAL.
     service = MaintenanceService(
         database_url, MaintenanceConfig(leader_election_interval=0.2, leader_check_interval=30),

@@ -150,7 +150,7 @@ async def test_database_error_starting_a_term_releases_the_lock_and_retries(
     """The term's start-up query (the schema check) failing must not end the
     service: the lock is released and the node stands again after the
     error backoff."""
-    from awa_trio import supervisor
+    from awa_trio import term as supervisor
     from awa_trio.db import ConnectionLost
     from awa_trio.leadership import FIRST_ERROR_BACKOFF
 
