@@ -9,11 +9,11 @@ from .config import MaintenanceConfig
 from .db import Database
 from .metrics import MaintenanceMetrics
 from .schema import SchemaInfo
+from .tracker_actor import NO_PRUNE_BACKOFF, PruneGate
 
 if TYPE_CHECKING:
     from .cron.schedules import PeriodicJob
     from .hooks import Hooks
-    from .tracker_actor import TrackerClient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,5 +32,6 @@ class MaintenanceContext:
     hooks: Hooks | None = None
     #: Periodic jobs this process registers (cron).
     periodic_jobs: tuple[PeriodicJob, ...] = ()
-    #: The tracker actor of the current leadership term (None outside one).
-    tracker: TrackerClient | None = None
+    #: The tracker actor of the current leadership term; outside one, a gate
+    #: that never backs off (never None, so bodies need no check).
+    tracker: PruneGate = NO_PRUNE_BACKOFF

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -75,6 +75,28 @@ class _PruneGate:
 class _PruneReport:
     branch: str
     outcome: PruneOutcome
+
+
+class PruneGate(Protocol):
+    """What a branch body asks of the tracker: whether to back off a prune,
+    and how the prune went (the TrackerClient of a term answers)."""
+
+    async def should_skip_prune(self, branch: str) -> bool: ...
+    async def report_prune(self, branch: str, outcome: PruneOutcome) -> None: ...
+
+
+class NoPruneBackoff:
+    """The gate of a body run outside a leadership term (a test, a bench, a
+    one-off call): every prune is tried, nothing is remembered."""
+
+    async def should_skip_prune(self, branch: str) -> bool:
+        return False
+
+    async def report_prune(self, branch: str, outcome: PruneOutcome) -> None:
+        return None
+
+
+NO_PRUNE_BACKOFF = NoPruneBackoff()
 
 
 class TrackerClient:

@@ -101,7 +101,7 @@ async def run_ring_tick(
     else:
         record_rotate(ctx, ring, result.rotate, branch)
 
-    if ctx.tracker is not None and await ctx.tracker.should_skip_prune(branch):
+    if await ctx.tracker.should_skip_prune(branch):
         # Once the ring has lapped, the slot rotation needs next is the one
         # the prune empties: backing off the prune then stalls the ring for
         # up to 2**5 ticks (upstream's 12-18 s stalls under load). The prune
@@ -116,8 +116,7 @@ async def run_ring_tick(
         log.error("%s: prune failed: %s", branch, describe_error(exc))
         return result
     record_prune(ctx, ring, result.prune, branch)
-    if ctx.tracker is not None:
-        await ctx.tracker.report_prune(branch, result.prune.outcome)
+    await ctx.tracker.report_prune(branch, result.prune.outcome)
     return result
 
 
