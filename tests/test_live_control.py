@@ -295,6 +295,16 @@ async def test_sighup_reloads_sigusr1_resigns_and_only_the_admin_listener_change
         with trio.fail_after(BOUND):
             while (await leader_lock_holders(db)) in ([], [lock_pid]):
                 await trio.sleep(0.05)
+        # And through the admin listener: 200, and the lock moves once more.
+        second_pid = (await leader_lock_holders(db))[0]
+        code, body = await http("POST", f"{admin_url}/resign")
+        assert code == 200 and json.loads(body)["resigned"] is True, body
+        with trio.fail_after(BOUND):
+            while await leader_lock_holders(db) == [second_pid]:
+                await trio.sleep(0.02)
+        # Inside its hold-off the node follows: nothing to hand over.
+        code, body = await http("POST", f"{admin_url}/resign")
+        assert code == 409 and "not the leader" in body, body
     finally:
         process.send_signal(signal.SIGTERM)
         with trio.move_on_after(BOUND):

@@ -58,8 +58,12 @@ async def test_a_task_that_outlives_its_database_is_cancelled_within_a_bound(dat
                 await trio.sleep(rng.uniform(0, 0.005))
                 outer.cancel_scope.cancel()
         outcomes["cancelled_in_flight"] += 1
+    # Each round's cancel arrived within the bound (fail_after above). A
+    # statement started after the exit fails at once with DatabaseClosed
+    # (outcomes["closed"]; the first test checks it deterministically), but
+    # one still in flight when the block exits waits for the cancel, so how
+    # many rounds see DatabaseClosed depends on the phase: not asserted.
     assert outcomes["cancelled_in_flight"] == ITERATIONS
-    assert outcomes["closed"] > 0  # some statements ran after the exit and failed at once
 
 
 async def test_cancelling_a_statement_in_flight_always_returns_within_a_bound(database_url):
