@@ -18,6 +18,25 @@ PRUNE_LOCK_TIMEOUT = 0.010
 #: (upstream's TERMINAL_COUNTER_BUCKETS).
 TERMINAL_COUNTER_BUCKETS = 256
 
+#: awa.job_state in enum order: the text form of a job's ``unique_states``
+#: (awa's bit(8) mask) has one character per state, in this order.
+JOB_STATE_ORDER = (
+    "scheduled", "available", "running", "completed", "retryable", "failed", "cancelled", "waiting_external",
+)  # fmt: skip
+
+
+def mask_claims(mask: str, state: str) -> str:
+    """SQL: does the unique-state mask ``mask`` claim ``state``? ``state`` is a
+    state name (its position is known here, so the predicate is constant
+    per row) or an SQL expression of type awa.job_state (looked up in the
+    enum). The one place the mask is decoded."""
+    if state in JOB_STATE_ORDER:
+        position = str(JOB_STATE_ORDER.index(state) + 1)
+    else:
+        position = f"array_position(enum_range(NULL::awa.job_state), ({state})::awa.job_state)"
+    return f"COALESCE(substr({mask}, {position}, 1) = '1', false)"
+
+
 RING_SIZES_SQL = """
     SELECT
         (SELECT slot_count FROM {schema}.queue_ring_state WHERE singleton) AS queue_slots,

@@ -69,7 +69,7 @@ from ...db import (
 )
 from ...maintenance.promotion import PROMOTABLE_STATES, PromoteResult, promote_due
 from ...maintenance.promotion import promote_row_by_row as shared_row_by_row
-from .layout import schema_name
+from .layout import mask_claims, schema_name
 
 log = logging.getLogger(__name__)
 
@@ -77,39 +77,26 @@ NAME = "promote_scheduled"
 PROMOTE_BATCH_SIZE = 4096
 PROMOTE_MAX_BATCHES_PER_TICK = 32
 #: Promoted in this order each tick.
-#: Character position (1-based, for substr) of a state in the text unique-state mask.
-STATE_MASK_POSITION = {
-    "scheduled": 1,
-    "available": 2,
-    "running": 3,
-    "completed": 4,
-    "retryable": 5,
-    "failed": 6,
-    "cancelled": 7,
-    "waiting_external": 8,
-}
 #: Due rows looked at when checking for lanes that do not exist yet.
 LANE_CHECK_WINDOW = PROMOTE_BATCH_SIZE * PROMOTE_MAX_BATCHES_PER_TICK
+
 
 # A row "gains a claim" when its mask claims `available` but not its waiting
 # state, and "drops its claim" in the opposite case (as upstream's
 # sync_unique_claim decides per row).
-_CLAIMS = "COALESCE(substr({row}.unique_states, {position}, 1) = '1', false)"
-
-
 def _gains_claim(row: str, state: str) -> str:
     return (
         f"({row}.unique_key IS NOT NULL"
-        f" AND {_CLAIMS.format(row=row, position=STATE_MASK_POSITION['available'])}"
-        f" AND NOT {_CLAIMS.format(row=row, position=STATE_MASK_POSITION[state])})"
+        f" AND {mask_claims(f'{row}.unique_states', 'available')}"
+        f" AND NOT {mask_claims(f'{row}.unique_states', state)})"
     )
 
 
 def _drops_claim(row: str, state: str) -> str:
     return (
         f"({row}.unique_key IS NOT NULL"
-        f" AND {_CLAIMS.format(row=row, position=STATE_MASK_POSITION[state])}"
-        f" AND NOT {_CLAIMS.format(row=row, position=STATE_MASK_POSITION['available'])})"
+        f" AND {mask_claims(f'{row}.unique_states', state)}"
+        f" AND NOT {mask_claims(f'{row}.unique_states', 'available')})"
     )
 
 

@@ -95,7 +95,7 @@ from ...hooks import RescueReason
 from ...jobs import QUEUE_STORAGE, JobRow
 from ...maintenance.drain import BatchOutcome
 from ...maintenance.rescue import CALLBACK_TIMEOUT_DLQ_REASON, RescueResult, drain_rescues
-from .layout import TERMINAL_COUNTER_BUCKETS
+from .layout import TERMINAL_COUNTER_BUCKETS, mask_claims
 
 log = logging.getLogger(__name__)
 
@@ -321,17 +321,6 @@ CLOSE_RECEIPTS_SQL = f"""
     FROM batch_claims
     WHERE EXISTS (SELECT 1 FROM batch_closed)
 """
-
-# "Does the unique mask {mask} claim state {state}": unique_states is the
-# text form of awa's bit(8) mask, one character per awa.job_state in enum order.
-_MASK_CLAIMS = (
-    "COALESCE(substr({mask}, array_position(enum_range(NULL::awa.job_state), "
-    "({state})::awa.job_state), 1) = '1', false)"
-)
-
-
-def mask_claims(mask: str, state: str) -> str:
-    return _MASK_CLAIMS.replace("{mask}", mask).replace("{state}", state)
 
 
 # Settle the taken attempts of one batch (parameters in `settle`). Column
@@ -769,8 +758,8 @@ async def settle(
 ) -> list[Any]:
     """Run :data:`SETTLE_SQL` over the taken attempts (``cancel``: all of them
     become cancelled terminal rows)."""
-    columns = [[row[name] for row in taken] for name in TAKEN_COLUMNS]
-    columns[4] = [str(state) for state in columns[4]]
+    columns = {name: [row[name] for row in taken] for name in TAKEN_COLUMNS}
+    columns["state"] = [str(state) for state in columns["state"]]  # the enum travels as text
     dlq_queues = sorted(
         queue
         for queue in {row["queue"] for row in taken}
@@ -778,7 +767,7 @@ async def settle(
     )
     records = await conn.fetch(
         in_schema(ctx, SETTLE_SQL),
-        *columns,
+        *(columns[name] for name in TAKEN_COLUMNS),
         rescue.exhausts_to_failed,
         dlq_queues,
         cancel,
