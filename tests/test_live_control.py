@@ -364,3 +364,34 @@ def test_the_admin_address_defaults_to_loopback_and_bad_ones_are_one_line():
     assert parse_admin_address("10.0.0.5:9465") == ("10.0.0.5", 9465)
     with pytest.raises(ConfigError, match="admin_addr must be HOST:PORT, not 'nine'"):
         parse_admin_address("nine")
+
+
+async def test_a_reload_changes_retention_and_periodic_jobs_at_the_next_tick(db, database_url):
+    """Settings a body reads (retention) and cron's periodic jobs follow a
+    reload too: the next cleanup deletes under the new retention, the next
+    cron sync registers the new schedule."""
+    from awa_trio import PeriodicJob
+
+    config = FAST.replace(cleanup_interval=0.2, cron_sync_interval=0.2, completed_retention="1h")
+    finished = await db.fetchval(
+        "INSERT INTO awa.jobs_hot (kind, queue, state, finalized_at) "
+        "VALUES ('old', 'live', 'completed', now() - interval '10 minutes') RETURNING id"
+    )
+    service = MaintenanceService(database_url, config)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(BOUND):
+            await nursery.start(service.run)
+            await service.wait_until_leader()
+            while await runs_of(service, "cleanup") < 2:
+                await trio.sleep(0.02)
+        assert await db.fetchval("SELECT count(*) FROM awa.jobs_hot WHERE id = $1", finished) == 1
+
+        nightly = PeriodicJob("reloaded_nightly", "0 3 * * *", kind="report")
+        result = service.reconfigure(config.replace(completed_retention="1m"), periodic_jobs=[nightly])
+        assert set(result.changed) == {"completed_retention", "periodic_jobs"}
+        with trio.fail_after(BOUND):
+            while await db.fetchval("SELECT count(*) FROM awa.jobs_hot WHERE id = $1", finished):
+                await trio.sleep(0.02)
+            while not await db.fetchval("SELECT count(*) FROM awa.cron_jobs WHERE name = 'reloaded_nightly'"):
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
