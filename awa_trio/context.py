@@ -17,21 +17,59 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True)
-class MaintenanceContext:
-    """Shared, read-only inputs of branch bodies (``run_once(ctx)``).
-
-    Tests build one over a test database and call a branch's ``run_once``
-    directly, without leadership or timers.
-    """
+class Services:
+    """What a service owns for as long as it runs, across every term: the
+    database, the metrics and the hooks."""
 
     db: Database
-    config: MaintenanceConfig
     metrics: MaintenanceMetrics
-    schema: SchemaInfo
     #: Lifecycle hooks, follow-up jobs and in-flight cancellation (rescue side effects).
     hooks: Hooks | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MaintenanceContext:
+    """Shared, read-only inputs of branch bodies (``run_once(ctx)``): the
+    process-wide services, the settings of the current generation (config,
+    periodic jobs) and the term's own state (schema, tracker).
+
+    Tests build one with :meth:`standalone` over a test database and call a
+    branch's ``run_once`` directly, without leadership or timers.
+    """
+
+    services: Services
+    #: The settings in force (a reload hands the next tick a new context).
+    config: MaintenanceConfig
+    #: The storage state this term runs.
+    schema: SchemaInfo
     #: Periodic jobs this process registers (cron).
     periodic_jobs: tuple[PeriodicJob, ...] = ()
     #: The tracker actor of the current leadership term; outside one, a gate
     #: that never backs off (never None, so bodies need no check).
     tracker: PruneGate = NO_PRUNE_BACKOFF
+
+    @classmethod
+    def standalone(
+        cls,
+        *,
+        db: Database,
+        config: MaintenanceConfig,
+        metrics: MaintenanceMetrics,
+        schema: SchemaInfo,
+        hooks: Hooks | None = None,
+        periodic_jobs: tuple[PeriodicJob, ...] = (),
+    ) -> MaintenanceContext:
+        """A context outside any service (tests, benches, one-off calls)."""
+        return cls(Services(db, metrics, hooks), config, schema, periodic_jobs)
+
+    @property
+    def db(self) -> Database:
+        return self.services.db
+
+    @property
+    def metrics(self) -> MaintenanceMetrics:
+        return self.services.metrics
+
+    @property
+    def hooks(self) -> Hooks | None:
+        return self.services.hooks

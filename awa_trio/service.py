@@ -32,7 +32,7 @@ from opentelemetry.metrics import MeterProvider
 
 from .branch import BranchSpec
 from .config import MaintenanceConfig
-from .context import MaintenanceContext
+from .context import MaintenanceContext, Services
 from .cron import PeriodicJob, validate_periodic_jobs
 from .db import Database, DatabaseError, open_database, sole_exception
 from .errors import AwaTrioError, ConfigError, UnsupportedSchema
@@ -447,12 +447,7 @@ class MaintenanceService:
                     schema.state,
                 )
                 ctx = MaintenanceContext(
-                    db=db,
-                    config=self.config,
-                    metrics=self.metrics,
-                    schema=schema,
-                    hooks=self.hooks,
-                    periodic_jobs=self.periodic_jobs,
+                    Services(db, self.metrics, self.hooks), self.config, schema, self.periodic_jobs
                 )
 
                 async def lead(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -107,7 +107,7 @@ async def measure(dsn: str) -> list[tuple]:
     async with open_database(dsn) as db:
         schema = await check_schema(db)
         assert schema.runs_queue_storage, "the awa-pg runtime did not finalise queue storage"
-        ctx = MaintenanceContext(db=db, config=MaintenanceConfig(), metrics=MaintenanceMetrics(None),
+        ctx = MaintenanceContext.standalone(db=db, config=MaintenanceConfig(), metrics=MaintenanceMetrics(None),
                                  schema=schema)
         proof_sql = rotate_claim.CLAIM_RING_TABLES.fill(rotate_claim.CLAIM_OPEN_SQL, "awa", 0)
         for size in SIZES:

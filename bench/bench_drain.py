@@ -185,7 +185,7 @@ def run_rates(dsn_rows: list[tuple[str, int]], batch_sizes: list[int]) -> list[l
             timed = TimedDatabase(db, "fetchone")
             config = MaintenanceConfig(cleanup_batch_size=batch_size, drain_time_budget="1h",
                                        cleanup_interval="2h")
-            ctx = MaintenanceContext(db=timed, config=config, metrics=MaintenanceMetrics(None),
+            ctx = MaintenanceContext.standalone(db=timed, config=config, metrics=MaintenanceMetrics(None),
                                      schema=await check_schema(db))
             started = time.perf_counter()
             result = await cleanup.run_once(ctx)
@@ -242,7 +242,7 @@ def run_other_batches(dsn: str, jobs: int) -> list[list[object]]:
             ):
                 await db.execute(fill, jobs)
                 timed = TimedDatabase(db, "fetch")
-                ctx = MaintenanceContext(db=timed, config=config, metrics=MaintenanceMetrics(None),
+                ctx = MaintenanceContext.standalone(db=timed, config=config, metrics=MaintenanceMetrics(None),
                                          schema=await check_schema(db))
                 started = time.perf_counter()
                 await branch.run_once(ctx)

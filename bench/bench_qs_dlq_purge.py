@@ -56,7 +56,7 @@ async def drain(dsn: str, rows: int, batch_size: int) -> tuple[float, int, int]:
         await db.execute("VACUUM ANALYZE awa.dlq_entries")
         config = MaintenanceConfig(dlq_cleanup_batch_size=batch_size, cleanup_interval="1h",
                                    drain_time_budget="30m")
-        ctx = MaintenanceContext(db=db, config=config, metrics=MaintenanceMetrics(),
+        ctx = MaintenanceContext.standalone(db=db, config=config, metrics=MaintenanceMetrics(),
                                  schema=await check_schema(db))
         started = time.perf_counter()
         result = await cleanup.run_once(ctx)

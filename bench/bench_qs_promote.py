@@ -77,7 +77,7 @@ async def one_run(server: str, template: str, leader: str, size: int,
             ticks = 0
             if leader == "awa_trio":
                 schema = await check_schema(db)
-                ctx = MaintenanceContext(db=db, config=MaintenanceConfig(),
+                ctx = MaintenanceContext.standalone(db=db, config=MaintenanceConfig(),
                                          metrics=MaintenanceMetrics(None), schema=schema)
                 while await db.fetchval("SELECT count(*) FROM awa.deferred_jobs"):
                     await promote.run_once(ctx)

@@ -100,7 +100,7 @@ async def bench(dsn: str, failed: int, laps: int) -> None:
         lock = await db.connect_dedicated()
         await lock.fetchval("SELECT pg_advisory_lock($1)", LOCK_KEY)  # workers never lead
         config = MaintenanceConfig().replace(failed_retention=3 * 86400.0)
-        ctx = MaintenanceContext(db=db, config=config, metrics=MaintenanceMetrics(),
+        ctx = MaintenanceContext.standalone(db=db, config=config, metrics=MaintenanceMetrics(),
                                  schema=await check_schema(db))
         await trio.to_thread.run_sync(lambda: client.insert_many_copy(
             [{"n": n} for n in range(failed)], kind="bench_fail", queue="bench_failing",

@@ -28,7 +28,7 @@ CRON_ROW_SQL = "SELECT * FROM awa.cron_jobs WHERE name = $1"
 
 
 def context(db, *jobs: PeriodicJob) -> MaintenanceContext:
-    return MaintenanceContext(
+    return MaintenanceContext.standalone(
         db=db, config=MaintenanceConfig(), metrics=MaintenanceMetrics(),
         schema=SchemaInfo(version=39, engine=CANONICAL), periodic_jobs=jobs,
     )

@@ -288,7 +288,7 @@ async def run_cancelled(ctx, body, nth: int, delay: float):
     async with trio.open_nursery() as nursery:
         with trio.CancelScope() as scope:
             cancelling = CancelDuringStatement(ctx.db, nursery, scope, nth, delay)
-            await body(dataclasses.replace(ctx, db=cancelling))
+            await body(dataclasses.replace(ctx, services=dataclasses.replace(ctx.services, db=cancelling)))
         assert scope.cancelled_caught
 
 

@@ -29,7 +29,7 @@ async def make_context(
     schema = await check_schema(db)
     if engine is not None:
         schema = dataclasses.replace(schema, engine=engine)
-    return MaintenanceContext(
+    return MaintenanceContext.standalone(
         db=db,
         config=config,
         metrics=MaintenanceMetrics(meter_provider),
