@@ -146,6 +146,10 @@ async def run_branch(
         if not slot.paused:
             decision = await tracker.begin_tick(spec.name, spec.interval, cooldown=spec.cooldown)
             if decision.run:
+                # The lock may have gone while the tracker answered: a cancel
+                # of the leader scope is delivered only at a checkpoint, and
+                # none lies between this reply and the body's first statement.
+                await trio.lowlevel.checkpoint_if_cancelled()
                 started = trio.current_time()
                 outcome = await run_body(spec, slot.ctx)
                 await tracker.finish_tick(spec.name, trio.current_time() - started, error=outcome.error)

@@ -124,3 +124,18 @@ async def test_a_slot_update_moves_the_next_tick_to_the_new_interval_without_a_b
         await trio.sleep(30)
         nursery.cancel_scope.cancel()
     assert starts == [10.0, 20.0, 26.0, 28.0]
+
+
+async def test_no_body_starts_once_the_scope_is_cancelled_while_the_tracker_answers(autojump_clock):
+    """The lock lost while the tracker replies (the leader scope cancelled in
+    the same scheduler pass): the body must not start."""
+    spec, starts = recording_spec(1.0)
+
+    class CancelsWhileAnswering(AlwaysRun):
+        async def begin_tick(self, branch, interval, *, cooldown=True):
+            scope.cancel()  # what losing the lock does, just before the reply arrives
+            return TickDecision(run=True)
+
+    with trio.CancelScope() as scope:
+        await run_branch(spec, CTX, CancelsWhileAnswering())
+    assert starts == []
