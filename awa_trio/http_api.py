@@ -111,7 +111,7 @@ class StatusApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -160,15 +160,6 @@ class StatusApp:
             "state": schema.state,
         }
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
 
 class AdminApp:
     """The ASGI application of the admin listener: every route that changes
@@ -179,7 +170,7 @@ class AdminApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await StatusApp(self.service)._lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -232,6 +223,17 @@ class AdminApp:
         except ConfigError as exc:
             return 404, {"error": str(exc)}
         return 200, {"branch": branch, "paused": pause, "changed": changed}
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    """ASGI lifespan: nothing to start or stop (both apps)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 async def respond(send: Send, status: int, body: bytes, content_type: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..context import MaintenanceContext
@@ -115,6 +116,27 @@ class CleanupResult:
 
 def cleanup_budget(ctx: MaintenanceContext) -> DrainBudget:
     return DrainBudget.for_interval(ctx.config, ctx.config.cleanup_interval)
+
+
+async def run_cleanup(
+    ctx: MaintenanceContext,
+    engine_steps: Callable[[MaintenanceContext, CleanupResult, DrainBudget], Awaitable[None]],
+) -> CleanupResult:
+    """One cleanup tick: the engine's own steps, then the shared ones, all
+    within one budget; one line if the budget ran out with work left."""
+    result = CleanupResult()
+    budget = cleanup_budget(ctx)
+    await engine_steps(ctx, result, budget)
+    await run_engine_independent_steps(ctx, result, budget)
+    if result.unfinished_steps:
+        log.info(
+            "%s: time budget (%gs) spent after %d batches; left for the next tick: %s",
+            NAME,
+            budget.seconds,
+            result.batches + result.dlq_batches,
+            ", ".join(result.unfinished_steps),
+        )
+    return result
 
 
 async def run_engine_independent_steps(

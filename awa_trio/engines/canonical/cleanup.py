@@ -34,7 +34,7 @@ from ...maintenance.cleanup import (
     CleanupResult,
     cleanup_budget,
     log_failed_step,
-    run_engine_independent_steps,
+    run_cleanup,
 )
 from ...maintenance.drain import BatchOutcome, DrainBudget, drain
 
@@ -88,19 +88,7 @@ HEAP_START = (0, 0)
 
 
 async def run_once(ctx: MaintenanceContext) -> CleanupResult:
-    result = CleanupResult()
-    budget = cleanup_budget(ctx)
-    await delete_expired_jobs(ctx, result, budget)
-    await run_engine_independent_steps(ctx, result, budget)
-    if result.unfinished_steps:
-        log.info(
-            "%s: time budget (%gs) spent after %d batches; left for the next tick: %s",
-            NAME,
-            budget.seconds,
-            result.batches,
-            ", ".join(result.unfinished_steps),
-        )
-    return result
+    return await run_cleanup(ctx, delete_expired_jobs)
 
 
 async def delete_expired_jobs(

@@ -42,8 +42,7 @@ from ...db import QueryError, describe_error, rows_affected
 from ...maintenance.cleanup import (
     NAME,
     CleanupResult,
-    cleanup_budget,
-    run_engine_independent_steps,
+    run_cleanup,
 )
 from ...maintenance.drain import BatchOutcome, DrainBudget, drain
 from .layout import schema_name
@@ -84,19 +83,7 @@ PURGE_EXPIRED_QUEUE_DLQ_SQL = """
 
 
 async def run_once(ctx: MaintenanceContext) -> CleanupResult:
-    result = CleanupResult()
-    budget = cleanup_budget(ctx)
-    await purge_expired_dlq(ctx, result, budget)
-    await run_engine_independent_steps(ctx, result, budget)
-    if result.unfinished_steps:
-        log.info(
-            "%s: time budget (%gs) spent after %d batches; left for the next tick: %s",
-            NAME,
-            budget.seconds,
-            result.batches + result.dlq_batches,
-            ", ".join(result.unfinished_steps),
-        )
-    return result
+    return await run_cleanup(ctx, purge_expired_dlq)
 
 
 async def purge_expired_dlq(ctx: MaintenanceContext, result: CleanupResult, budget: DrainBudget) -> None:
