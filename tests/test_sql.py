@@ -1,0 +1,70 @@
+"""The one templating step of awa_trio.sql: named parameters, identifier
+slots and fragments, against the database where the outcome is SQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from awa_trio.sql import Fragment, Statement
+
+
+def test_named_parameters_compile_to_positions_in_first_use_order() -> None:
+    statement = Statement("SELECT :b::int + :a::int, :b::int, '{}'::jsonb, '{metadata}'::text[]")
+    assert statement.text == "SELECT $1::int + $2::int, $1::int, '{}'::jsonb, '{metadata}'::text[]"
+    assert statement.parameters == ("b", "a")
+    assert statement.bind(a=1, b=2) == (statement.text, 2, 1)
+
+
+def test_literals_comments_and_casts_are_not_parameters_or_slots() -> None:
+    statement = Statement(
+        "SELECT format('awa:%s:{x}', :job_id), \"col:umn\", arr[1:2], x::text -- :not_a_parameter {nor_a_slot}\n"
+    )
+    assert statement.parameters == ("job_id",)
+    assert statement.slots == frozenset()
+    assert "'awa:%s:{x}'" in statement.text and "-- :not_a_parameter {nor_a_slot}" in statement.text
+
+
+def test_missing_or_unknown_parameters_are_refused() -> None:
+    statement = Statement("SELECT :limit")
+    with pytest.raises(ValueError, match=r"missing \['limit'\]"):
+        statement.bind()
+    with pytest.raises(ValueError, match=r"unknown \['limits'\]"):
+        statement.bind(limit=1, limits=2)
+
+
+def test_positional_parameters_are_refused() -> None:
+    with pytest.raises(ValueError, match="not \\$n"):
+        Statement("SELECT $1")
+
+
+def test_schema_and_identifier_slots_are_filled_once_per_identifiers() -> None:
+    statement = Statement("LOCK TABLE {children}; SELECT 1 FROM {schema}.leases WHERE job_id = :job_id")
+    assert statement.slots == {"schema", "children"}
+    text, job_id = statement.bind("awa_exp", children="a, b", job_id=7)
+    assert text == "LOCK TABLE a, b; SELECT 1 FROM awa_exp.leases WHERE job_id = $1" and job_id == 7
+    assert statement.render("awa_exp", children="a, b") is text
+    with pytest.raises(ValueError, match="need identifiers"):
+        statement.render("awa_exp")
+
+
+def test_fragment_is_placed_with_its_columns_and_leaves_the_schema() -> None:
+    gate = Fragment("NOT EXISTS (SELECT 1 FROM {schema}.done_entries AS done WHERE done.job_id = {job_id})")
+    statement = Statement(
+        "SELECT * FROM claims WHERE {gate} AND claims.slot = :slot", gate=gate(job_id="claims.job_id")
+    )
+    assert statement.render("s") == (
+        "SELECT * FROM claims WHERE NOT EXISTS (SELECT 1 FROM s.done_entries AS done"
+        " WHERE done.job_id = claims.job_id) AND claims.slot = $1"
+    )
+    with pytest.raises(ValueError, match="not given"):
+        gate()
+    with pytest.raises(ValueError, match="no slot"):
+        gate(job_id="x", run_lease="y")
+    with pytest.raises(ValueError, match="no slot"):
+        Statement("SELECT 1", gate="x")
+
+
+async def test_bound_statement_runs_on_postgres(db) -> None:
+    statement = Statement("SELECT :b::int * 10 + :a::int AS value, '{\"k\": 1}'::jsonb ->> 'k' AS k")
+    row = await db.fetchrow(*statement.bind(a=3, b=4))
+    assert row["value"] == 43 and row["k"] == "1"
