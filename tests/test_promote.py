@@ -15,6 +15,7 @@ from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.db import UniqueViolation
 from awa_trio.engines.canonical import promote
 from awa_trio.hooks import Hooks, JobCancelled
+from awa_trio.sql import Statement
 
 UTC = dt.UTC
 RETRY_HISTORY_SQL = """
@@ -206,16 +207,16 @@ async def test_state_literal_lets_the_planner_use_the_partial_index(db):
     async with db.transaction() as conn:
         await conn.execute("SET LOCAL enable_seqscan = off")
         plan = "\n".join(
-            r[0] for r in await conn.fetch("EXPLAIN " + promote.PROMOTE_DUE_SQL["retryable"], 4096)
+            r[0] for r in await conn.fetch("EXPLAIN " + promote.PROMOTE_DUE_SQL["retryable"].render(), 4096)
         )
     assert "idx_awa_scheduled_jobs_run_at_retryable" in plan
-    assert "state = 'retryable'::awa.job_state" in promote.PROMOTE_DUE_SQL["retryable"]
+    assert "state = 'retryable'::awa.job_state" in promote.PROMOTE_DUE_SQL["retryable"].render()
 
 
 async def test_one_state_failing_does_not_block_the_other(maintenance_ctx, db, caplog, monkeypatch):
     await insert_due_rows(db, 3, "retryable")
     await insert_due_rows(db, 2, "scheduled")  # due, so its (broken) batch runs
-    broken = dict(promote.PROMOTE_DUE_SQL, scheduled="SELECT 1 / 0 AS queue")
+    broken = dict(promote.PROMOTE_DUE_SQL, scheduled=Statement("SELECT :limit::int / 0 AS queue"))
     monkeypatch.setattr(promote, "PROMOTE_DUE_SQL", broken)
     result = await promote.run_once(maintenance_ctx)
     assert result.promoted.get("retryable") == 3
@@ -258,7 +259,7 @@ async def test_a_due_duplicate_is_cancelled_and_the_rest_promoted(
     await insert_due_rows(db, 1, waiting_state)  # due after the duplicate
     holder_before = await row(db, "jobs_hot", holder)
     with pytest.raises(UniqueViolation):  # what wedges upstream's promotion every tick
-        await db.fetch(promote.PROMOTE_DUE_SQL[waiting_state], 4096)
+        await db.fetch(*promote.PROMOTE_DUE_SQL[waiting_state].bind(limit=4096))
 
     with caplog.at_level(logging.WARNING, logger="awa_trio"):
         result = await promote.run_once(maintenance_ctx)

@@ -235,11 +235,12 @@ async def test_per_row_rescue_rechecks_the_predicate(db, awa_client):
     now = await db_now(db)
     recovered = await insert_running(db, now)
     ctx = await make_context(db)
-    candidates = await db.fetch(rescue_heartbeats.CANDIDATES_SQL, 60.0, 500)
+    candidates = await db.fetch(*rescue_heartbeats.CANDIDATES_SQL.bind(staleness=60.0, limit=500))
     assert {record["id"] for record in candidates} == {a, recovered}
     # The worker heartbeats between the candidate query and the per-row rescue.
     await db.execute("UPDATE awa.jobs_hot SET heartbeat_at = now() WHERE id = $1", recovered)
-    assert await db.fetchrow(rescue_heartbeats.RESCUE_ONE_SQL, 60.0, recovered) is None
+    assert await db.fetchrow(*rescue_heartbeats.RESCUE_ONE_SQL.bind(
+        staleness=60.0, error=rescue_heartbeats.RESCUE_ERROR, job_id=recovered)) is None
 
     result = await rescue_heartbeats.run_once(ctx)
     assert [job.id for job in result.duplicates_cancelled] == [a]
@@ -293,5 +294,6 @@ async def test_duplicate_cancellation_leaves_a_job_that_finished_meanwhile_alone
     assert not any(f"cancelled job {finished} " in m for m in messages)
     # The statement itself, as the fallback runs it: no row for a finished job.
     assert await db.fetchrow(
-        rescue.CANCEL_DUPLICATE_SQL, finished, sweep.from_state, sweep.duplicate_error
+        *rescue.CANCEL_DUPLICATE_SQL.bind(
+            job_id=finished, state=sweep.from_state, error=sweep.duplicate_error)
     ) is None

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..context import MaintenanceContext
 from ..db import QueryError, rows_affected
+from ..sql import Statement
 from .drain import BatchOutcome, DrainBudget, DrainOutcome, drain
 
 log = logging.getLogger(__name__)
@@ -40,26 +41,26 @@ MIN_RUNTIME_SNAPSHOT_RETENTION = 1.0
 MIN_DESCRIPTOR_RETENTION = 1.0
 
 # A runtime's snapshot row is refreshed on every publish (every ~10 s).
-DELETE_STALE_RUNTIME_SNAPSHOTS_SQL = """
+DELETE_STALE_RUNTIME_SNAPSHOTS_SQL = Statement("""
     DELETE FROM awa.runtime_instances
-    WHERE last_seen_at < now() - make_interval(secs => $1)
-"""
+    WHERE last_seen_at < now() - make_interval(secs => :retention)
+""")
 
 # Descriptors are refreshed (last_seen_at) by every sync of a live runtime;
 # nothing references them, so deleting is always safe.
-DELETE_STALE_QUEUE_DESCRIPTORS_SQL = """
+DELETE_STALE_QUEUE_DESCRIPTORS_SQL = Statement("""
     DELETE FROM awa.queue_descriptors
-    WHERE last_seen_at < now() - make_interval(secs => $1)
-"""
-DELETE_STALE_JOB_KIND_DESCRIPTORS_SQL = """
+    WHERE last_seen_at < now() - make_interval(secs => :retention)
+""")
+DELETE_STALE_JOB_KIND_DESCRIPTORS_SQL = Statement("""
     DELETE FROM awa.job_kind_descriptors
-    WHERE last_seen_at < now() - make_interval(secs => $1)
-"""
+    WHERE last_seen_at < now() - make_interval(secs => :retention)
+""")
 
 # retention_until is stamped when the batch runner finalises an operation.
 # An operation that is still pending/running is never deleted, whatever its
 # retention_until says.
-DELETE_EXPIRED_BATCH_OPERATIONS_SQL = """
+DELETE_EXPIRED_BATCH_OPERATIONS_SQL = Statement("""
     DELETE FROM awa.batch_operations
     WHERE id IN (
         SELECT id
@@ -68,10 +69,10 @@ DELETE_EXPIRED_BATCH_OPERATIONS_SQL = """
           AND retention_until < clock_timestamp()
           AND state IN ('completed', 'cancelled', 'failed')
         ORDER BY retention_until
-        LIMIT $1
+        LIMIT :limit
         FOR UPDATE SKIP LOCKED
     )
-"""
+""")
 
 
 @dataclasses.dataclass
@@ -159,7 +160,7 @@ async def delete_stale_runtime_snapshots(ctx: MaintenanceContext, result: Cleanu
             result,
             "runtime snapshots",
             DELETE_STALE_RUNTIME_SNAPSHOTS_SQL,
-            retention,
+            retention=retention,
         )
         or 0
     )
@@ -177,7 +178,7 @@ async def delete_stale_descriptors(ctx: MaintenanceContext, result: CleanupResul
             result,
             "queue descriptors",
             DELETE_STALE_QUEUE_DESCRIPTORS_SQL,
-            retention,
+            retention=retention,
         )
         or 0
     )
@@ -187,7 +188,7 @@ async def delete_stale_descriptors(ctx: MaintenanceContext, result: CleanupResul
             result,
             "job kind descriptors",
             DELETE_STALE_JOB_KIND_DESCRIPTORS_SQL,
-            retention,
+            retention=retention,
         )
         or 0
     )
@@ -220,15 +221,15 @@ async def drain_step(
     result: CleanupResult,
     budget: DrainBudget,
     step: str,
-    sql: str,
+    statement: Statement,
     batch_size: int,
-    *args: Any,
+    **values: Any,
 ) -> int:
-    """Repeat one step's batched DELETE (row limit last) while batches come
-    back full and the budget lasts; returns the rows deleted."""
+    """Repeat one step's batched DELETE (row limit ``:limit``) while batches
+    come back full and the budget lasts; returns the rows deleted."""
 
     async def batch() -> BatchOutcome | None:
-        deleted = await delete_step(ctx, result, step, sql, *args, batch_size)
+        deleted = await delete_step(ctx, result, step, statement, **values, limit=batch_size)
         return None if deleted is None else BatchOutcome.of(deleted, batch_size)
 
     outcome = await drain(batch, budget=budget)
@@ -237,13 +238,13 @@ async def drain_step(
 
 
 async def delete_step(
-    ctx: MaintenanceContext, result: CleanupResult, step: str, sql: str, *args: Any
+    ctx: MaintenanceContext, result: CleanupResult, step: str, statement: Statement, **values: Any
 ) -> int | None:
     """Run one DELETE and return its row count. A rejected statement (lock
     timeout, missing privilege, ...) is logged and recorded, and None returned,
     so the remaining steps still run; ConnectionLost propagates."""
     try:
-        status = await ctx.db.execute(sql, *args)
+        status = await ctx.db.execute(*statement.bind(**values))
     except QueryError as exc:
         log_failed_step(result, step, exc)
         return None

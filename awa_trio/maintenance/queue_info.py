@@ -55,6 +55,7 @@ from typing import Any
 from ..context import MaintenanceContext
 from ..metrics import STORAGE_CAPABILITIES, InfoSnapshot
 from ..schema import CANONICAL, QUEUE_STORAGE, STATE_CANONICAL, STATE_MIXED_TRANSITION, STATE_PREPARED
+from ..sql import Statement
 
 #: Runtime capabilities whose live snapshots keep awa.storage_finalize()
 #: waiting, by schema version: schema 40 (Awa 0.6.2+) lets drained drain-only
@@ -67,55 +68,30 @@ FINALIZE_BLOCKERS = {
 DEPTH_STATES = ("available", "running", "failed", "scheduled", "retryable", "waiting_external")
 
 
-#: Relations a prepared queue-storage schema must hold before routing may flip
-#: (upstream's readiness list: the sequences and tables its runtimes use).
-PREPARED_SCHEMA_RELATIONS = (
-    "job_id_seq",
-    "lease_claim_receipt_id_seq",
-    "lease_claim_batch_id_seq",
-    "queue_ring_state",
-    "ready_entries",
-    "ready_claim_attempt_batches",
-    "ready_tombstones",
-    "ready_segments",
-    "done_entries",
-    "receipt_completion_batches",
-    "receipt_completion_tombstones",
-    "queue_terminal_count_deltas",
-    "leases",
-    "deferred_jobs",
-    "lease_claims",
-    "lease_claim_batches",
-    "lease_claim_closures",
-    "lease_claim_closure_batches",
-)
-#: (table, column) pairs the prepared schema must have.
-PREPARED_SCHEMA_COLUMNS = (
-    ("lease_claim_closure_batches", "receipt_ranges"),
-    ("queue_claim_heads", "ready_segment_slot"),
-    ("queue_claim_heads", "ready_segment_generation"),
-    ("queue_claim_heads", "ready_segment_next_lane_seq"),
-)
-#: The claim function runtimes call, and the columns its result must name.
-CLAIM_FUNCTION = "claim_ready_runtime"
-CLAIM_FUNCTION_ARGUMENTS = ("text", "int8", "float8", "float8")
-CLAIM_FUNCTION_RESULT_COLUMNS = ("receipt_id", "claim_batch_id", "claim_batch_index")
-
-_RELATIONS = ", ".join(f"'{name}'" for name in PREPARED_SCHEMA_RELATIONS)
-_COLUMNS = ", ".join(f"('{table}', '{column}')" for table, column in PREPARED_SCHEMA_COLUMNS)
-_ARGUMENTS = ", ".join(f"'{name}'" for name in CLAIM_FUNCTION_ARGUMENTS)
-_RESULT_COLUMNS = " AND ".join(
-    f"strpos(pg_get_function_result(proc.oid), '{name}') > 0" for name in CLAIM_FUNCTION_RESULT_COLUMNS
-)
-
-# The catalogs only (no privilege on the objects is needed, not even USAGE
-# on their schema); evaluated only while prepared.
-_PREPARED_SCHEMA_READY = f"""
+# Whether the prepared queue-storage schema is complete enough for routing to
+# flip (upstream's readiness list): the sequences and tables its runtimes
+# use, the columns of the latest layout, and the claim function runtimes
+# call with the columns its result must name. The catalogs only (no
+# privilege on the objects is needed, not even USAGE on their schema);
+# evaluated only while prepared. The counts are those of the lists above them.
+_PREPARED_SCHEMA_READY = """
     (SELECT count(*) FROM pg_class AS rel
        JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
       WHERE nsp.nspname = status.queue_storage_schema
-        AND rel.relname IN ({_RELATIONS})) = {len(PREPARED_SCHEMA_RELATIONS)}
-    AND (SELECT count(*) FROM (VALUES {_COLUMNS}) AS wanted(table_name, column_name)
+        AND rel.relname IN (
+            'job_id_seq', 'lease_claim_receipt_id_seq', 'lease_claim_batch_id_seq',
+            'queue_ring_state', 'ready_entries', 'ready_claim_attempt_batches',
+            'ready_tombstones', 'ready_segments', 'done_entries',
+            'receipt_completion_batches', 'receipt_completion_tombstones',
+            'queue_terminal_count_deltas', 'leases', 'deferred_jobs', 'lease_claims',
+            'lease_claim_batches', 'lease_claim_closures', 'lease_claim_closure_batches'
+        )) = 18
+    AND (SELECT count(*) FROM (VALUES
+              ('lease_claim_closure_batches', 'receipt_ranges'),
+              ('queue_claim_heads', 'ready_segment_slot'),
+              ('queue_claim_heads', 'ready_segment_generation'),
+              ('queue_claim_heads', 'ready_segment_next_lane_seq')
+          ) AS wanted(table_name, column_name)
           WHERE EXISTS (
               SELECT 1 FROM pg_attribute AS att
               JOIN pg_class AS rel ON rel.oid = att.attrelid
@@ -124,21 +100,24 @@ _PREPARED_SCHEMA_READY = f"""
                 AND rel.relname = wanted.table_name
                 AND att.attname = wanted.column_name
                 AND att.attnum > 0 AND NOT att.attisdropped
-          )) = {len(PREPARED_SCHEMA_COLUMNS)}
+          )) = 4
     AND EXISTS (
         SELECT 1 FROM pg_proc AS proc
         JOIN pg_namespace AS nsp ON nsp.oid = proc.pronamespace
         WHERE nsp.nspname = status.queue_storage_schema
-          AND proc.proname = '{CLAIM_FUNCTION}'
-          AND proc.proargtypes = array_to_string(ARRAY[{_ARGUMENTS}]::regtype[]::oid[], ' ')::oidvector
-          AND {_RESULT_COLUMNS}
+          AND proc.proname = 'claim_ready_runtime'
+          AND proc.proargtypes = array_to_string(ARRAY['text', 'int8', 'float8', 'float8']::regtype[]::oid[], ' ')::oidvector
+          AND strpos(pg_get_function_result(proc.oid), 'receipt_id') > 0
+          AND strpos(pg_get_function_result(proc.oid), 'claim_batch_id') > 0
+          AND strpos(pg_get_function_result(proc.oid), 'claim_batch_index') > 0
     )
 """
 
 # One row. awa.canonical_live_backlog() is a function (not inlined: it sets
 # its search_path), so on finalised queue storage, where the CASE does not
 # call it, its tables are never opened and need no grant.
-INFO_SQL = f"""
+INFO_SQL = Statement(
+    """
     WITH status AS (
         SELECT
             state,
@@ -175,17 +154,17 @@ INFO_SQL = f"""
         status.active_engine,
         status.prepared_engine,
         CASE
-            WHEN status.active_engine = '{QUEUE_STORAGE}'
-                 AND status.state IS DISTINCT FROM '{STATE_MIXED_TRANSITION}' THEN NULL
+            WHEN status.active_engine = 'queue_storage'
+                 AND status.state IS DISTINCT FROM 'mixed_transition' THEN NULL
             ELSE awa.canonical_live_backlog()
         END AS canonical_live_backlog,
         CASE
-            WHEN status.state = '{STATE_PREPARED}' AND status.prepared_engine = '{QUEUE_STORAGE}'
-            THEN {_PREPARED_SCHEMA_READY}
+            WHEN status.state = 'prepared' AND status.prepared_engine = 'queue_storage'
+            THEN {prepared_schema_ready}
             ELSE false
         END AS prepared_schema_ready,
         (
-            SELECT COALESCE(jsonb_object_agg(capability, live), '{{}}'::jsonb)
+            SELECT COALESCE(jsonb_object_agg(capability, live), '{}'::jsonb)
             FROM (
                 SELECT storage_capability AS capability, count(*) AS live
                 FROM live_runtime
@@ -194,11 +173,13 @@ INFO_SQL = f"""
         ) AS live_runtime_capability,
         (
             SELECT count(*) FROM live_runtime
-            WHERE transition_role = 'queue_storage_target' AND storage_capability = '{QUEUE_STORAGE}'
+            WHERE transition_role = 'queue_storage_target' AND storage_capability = 'queue_storage'
         ) AS live_queue_storage_targets
     FROM (SELECT 1) AS always_one_row
     LEFT JOIN status ON true
-"""
+""",
+    prepared_schema_ready=_PREPARED_SCHEMA_READY,
+)
 
 
 def descriptor_attributes(prefix: str, key: str, descriptor: Mapping[str, Any]) -> dict[str, str]:
@@ -257,7 +238,7 @@ def storage_snapshot(row: Mapping[str, Any], schema_version: int) -> InfoSnapsho
 async def publish_info(ctx: MaintenanceContext) -> InfoSnapshot:
     """Read descriptors and the storage report; publish ``awa.queue.info``
     and replace the snapshot the observable gauges report."""
-    row = await ctx.db.fetchrow(INFO_SQL)
+    row = await ctx.db.fetchrow(*INFO_SQL.bind())
     if row is None:  # the statement always returns one row
         raise RuntimeError("the descriptor and storage reading returned no row")
     for queue in row["queues"] or ():

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 
 from ...context import MaintenanceContext
+from ...sql import Statement
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +28,9 @@ REFRESH_NAME = "refresh_admin_metadata"
 DIRTY_KEY_BATCH_SIZE = 100
 
 # Returns how many dirty keys (queues + kinds) it drained; 0 when idle.
-RECOMPUTE_DIRTY_ADMIN_METADATA_SQL = "SELECT awa.recompute_dirty_admin_metadata($1)"
+RECOMPUTE_DIRTY_ADMIN_METADATA_SQL = Statement("SELECT awa.recompute_dirty_admin_metadata(:batch_size)")
 # Returns void; also discards every pending dirty key.
-REFRESH_ADMIN_METADATA_SQL = "SELECT awa.refresh_admin_metadata()"
+REFRESH_ADMIN_METADATA_SQL = Statement("SELECT awa.refresh_admin_metadata()")
 
 
 @dataclasses.dataclass
@@ -41,7 +42,7 @@ class RecomputeDirtyResult:
 async def run_recompute_dirty(ctx: MaintenanceContext) -> RecomputeDirtyResult:
     result = RecomputeDirtyResult()
     result.keys_recomputed = int(
-        await ctx.db.fetchval(RECOMPUTE_DIRTY_ADMIN_METADATA_SQL, DIRTY_KEY_BATCH_SIZE) or 0
+        await ctx.db.fetchval(*RECOMPUTE_DIRTY_ADMIN_METADATA_SQL.bind(batch_size=DIRTY_KEY_BATCH_SIZE)) or 0
     )
     # Routine upkeep every 2 s under any write traffic: debug, as upstream.
     if result.keys_recomputed:
@@ -50,5 +51,5 @@ async def run_recompute_dirty(ctx: MaintenanceContext) -> RecomputeDirtyResult:
 
 
 async def run_refresh(ctx: MaintenanceContext) -> None:
-    await ctx.db.execute(REFRESH_ADMIN_METADATA_SQL)
+    await ctx.db.execute(*REFRESH_ADMIN_METADATA_SQL.bind())
     log.debug("%s: admin metadata rebuilt from the job tables", REFRESH_NAME)

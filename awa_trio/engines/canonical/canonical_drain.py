@@ -62,17 +62,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...context import MaintenanceContext
-from ...jobs import JOB_COLUMNS
 from ...maintenance.queue_info import FINALIZE_BLOCKERS
 from ...maintenance.rescue import RescueResult
+from ...sql import Statement
 from . import cleanup as canonical_cleanup
 from . import rescue_deadlines, rescue_heartbeats
 from .rescue import (
+    BATCH_SELECTION,
+    HOT_COLUMNS_SQL,
     JOB_COLUMNS_SQL,
+    ONE_SELECTION,
+    RETRY_TAKEN,
     RescueSweep,
     candidates_sql,
     run_sweep,
-    sql_text_literal,
 )
 
 log = logging.getLogger(__name__)
@@ -85,11 +88,11 @@ PLANE = "canonical plane"
 # Where the canonical backlog stands and who can still run it. A runtime is
 # live while its last snapshot is younger than three snapshot intervals, at
 # least 30 s (the window awa.storage_finalize() applies). Finalize waits for
-# live runtimes of the capabilities in $1 (see FINALIZE_BLOCKERS); runtimes
+# live runtimes of the capabilities in :blockers (see FINALIZE_BLOCKERS); runtimes
 # that can run canonical work are the canonical and drain-only ones, plus any
 # canonical_drain runtime whose last snapshot predates the flip (it then
 # still says queue_storage).
-DRAIN_STATUS_SQL = """
+DRAIN_STATUS_SQL = Statement("""
     WITH live_runtime AS (
         SELECT storage_capability, transition_role
         FROM awa.runtime_instances AS runtime
@@ -106,23 +109,24 @@ DRAIN_STATUS_SQL = """
         (SELECT count(*) FROM awa.scheduled_jobs WHERE run_at <= now()) AS deferred_due,
         (SELECT min(run_at) FROM awa.scheduled_jobs) AS next_due_at,
         (
-            SELECT count(*) FROM live_runtime WHERE storage_capability = ANY($1::text[])
+            SELECT count(*) FROM live_runtime WHERE storage_capability = ANY(:blockers::text[])
         ) AS live_drain_runtimes,
         (
             SELECT count(*) FROM live_runtime
             WHERE storage_capability IN ('canonical', 'canonical_drain_only')
                OR transition_role = 'canonical_drain'
         ) AS canonical_runners
-"""
+""")
 
 RunOnce = Callable[[MaintenanceContext], Awaitable[Any]]
 
 # The drain's rescue of running canonical rows: locked candidates whose last
 # attempt this was fail in place (failed rows live in jobs_hot); the others
 # leave jobs_hot for scheduled_jobs as retryable, exactly as the canonical
-# rescue moves them (run_at kept). Heartbeat, deadline and every callback
-# column are cleared and one error entry appended either way. {predicate}
-# may use parameters before ${limit}; {selection} is the batch or one id.
+# rescue moves them (rescue.RETRY_TAKEN, run_at kept). Heartbeat, deadline and
+# every callback column are cleared and one error entry (:error) appended
+# either way. {predicate} is the canonical rescue's (with its parameters);
+# {selection} is the batch or one id.
 _DRAIN_RESCUE_TEMPLATE = """
     WITH candidates AS (
         SELECT id, attempt >= max_attempts AS exhausted
@@ -144,7 +148,7 @@ _DRAIN_RESCUE_TEMPLATE = """
             callback_on_fail = NULL,
             callback_transform = NULL,
             errors = hot.errors || jsonb_build_object(
-                'error', {error}, 'attempt', hot.attempt, 'at', now())
+                'error', :error::text, 'attempt', hot.attempt, 'at', now())
         FROM candidates
         WHERE hot.id = candidates.id
           AND candidates.exhausted
@@ -158,68 +162,47 @@ _DRAIN_RESCUE_TEMPLATE = """
         RETURNING hot.*
     ),
     retried AS (
-        INSERT INTO awa.scheduled_jobs ({columns})
-        SELECT
-            id, kind, queue, args, 'retryable', priority, attempt, max_attempts,
-            run_at, NULL, NULL, attempted_at, now(),
-            created_at,
-            errors || jsonb_build_object('error', {error}, 'attempt', attempt, 'at', now()),
-            metadata, tags, unique_key, unique_states,
-            NULL, NULL, NULL,
-            NULL, NULL, NULL,
-            run_lease, progress
-        FROM taken
-        RETURNING {columns}
+    {retry_taken}
     )
     SELECT * FROM failed
     UNION ALL
     SELECT * FROM retried
 """
-_HOT_COLUMNS_SQL = ", ".join(f"hot.{column}" for column in JOB_COLUMNS)
 
 
-def drain_rescue_sweep(
-    canonical: RescueSweep, *, predicate: str, order_by: str, error: str, limit: int
-) -> RescueSweep:
+def drain_rescue_sweep(canonical: RescueSweep, *, predicate: str, order_by: str) -> RescueSweep:
     """``canonical``'s sweep with the drain's statement (same name, metric,
-    reason and unique-claim fallback)."""
+    reason, error entries and unique-claim fallback)."""
+    retry_taken = RETRY_TAKEN(columns=JOB_COLUMNS_SQL)
 
-    def statement(selection: str) -> str:
-        return _DRAIN_RESCUE_TEMPLATE.format(
+    def statement(selection: str) -> Statement:
+        return Statement(
+            _DRAIN_RESCUE_TEMPLATE,
             predicate=predicate,
             selection=selection,
-            error=sql_text_literal(error),
-            columns=JOB_COLUMNS_SQL,
-            hot_columns=_HOT_COLUMNS_SQL,
+            hot_columns=HOT_COLUMNS_SQL,
+            retry_taken=retry_taken,
         )
 
     return dataclasses.replace(
         canonical,
-        batch_sql=statement(f"ORDER BY {order_by}, id LIMIT ${limit}"),
-        one_sql=statement(f"AND id = ${limit}"),
-        candidates_sql=candidates_sql(predicate, order_by, limit),
+        batch_sql=statement(BATCH_SELECTION(order_by=order_by)),
+        one_sql=statement(ONE_SELECTION),
+        candidates_sql=candidates_sql(predicate, order_by),
     )
 
 
-# $1 = staleness in seconds (as the canonical heartbeat rescue).
+# :staleness in seconds (as the canonical heartbeat rescue).
 HEARTBEAT_SWEEP = drain_rescue_sweep(
-    rescue_heartbeats.SWEEP,
-    predicate="state = 'running' AND heartbeat_at < now() - make_interval(secs => $1)",
-    order_by="heartbeat_at",
-    error=rescue_heartbeats.RESCUE_ERROR,
-    limit=2,
+    rescue_heartbeats.SWEEP, predicate=rescue_heartbeats.PREDICATE, order_by=rescue_heartbeats.ORDER_BY
 )
 DEADLINE_SWEEP = drain_rescue_sweep(
-    rescue_deadlines.SWEEP,
-    predicate="state = 'running' AND deadline_at IS NOT NULL AND deadline_at < now()",
-    order_by="deadline_at",
-    error=rescue_deadlines.RESCUE_ERROR,
-    limit=1,
+    rescue_deadlines.SWEEP, predicate=rescue_deadlines.PREDICATE, order_by=rescue_deadlines.ORDER_BY
 )
 
 
 async def rescue_stale_heartbeats(ctx: MaintenanceContext) -> RescueResult:
-    return await run_sweep(ctx, HEARTBEAT_SWEEP, float(ctx.config.heartbeat_staleness))
+    return await run_sweep(ctx, HEARTBEAT_SWEEP, staleness=float(ctx.config.heartbeat_staleness))
 
 
 async def rescue_expired_deadlines(ctx: MaintenanceContext) -> RescueResult:
@@ -312,7 +295,7 @@ class DrainStatus:
 
 async def read_drain_status(ctx: MaintenanceContext) -> DrainStatus:
     blockers = FINALIZE_BLOCKERS.get(ctx.schema.version, FINALIZE_BLOCKERS[39])
-    row = await ctx.db.fetchone(DRAIN_STATUS_SQL, list(blockers))
+    row = await ctx.db.fetchone(*DRAIN_STATUS_SQL.bind(blockers=list(blockers)))
     return DrainStatus(
         **{
             field: row[field]

@@ -37,6 +37,7 @@ from ...maintenance.cleanup import (
     run_cleanup,
 )
 from ...maintenance.drain import BatchOutcome, DrainBudget, drain
+from ...sql import Statement
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ __all__ = ["NAME", "CleanupResult", "delete_expired_jobs", "run_once"]
 # stopped matching. `queue <> ALL('{}')` is true, so with no overrides the
 # global pass covers every queue.
 #
-# Draining: a batch scans the heap from $5, the last row the previous batch
+# Draining: a batch scans the heap from :cursor, the last row the previous batch
 # picked (a TID range scan, physical order). Without that cursor every batch
 # would start at block 0 and wade through the dead rows of all earlier
 # batches (they stay until VACUUM), so a 1M-row backlog costs O(n^2) reads.
@@ -60,13 +61,13 @@ _DELETE_EXPIRED_TEMPLATE = """
     WITH picked AS (
         SELECT id, ctid
         FROM awa.jobs_hot
-        WHERE ctid > $5::tid
+        WHERE ctid > :cursor::tid
           AND {queues}
           AND ((state = 'completed'
-                AND finalized_at < now() - make_interval(secs => $1))
+                AND finalized_at < now() - make_interval(secs => :completed_retention))
             OR (state IN ('failed', 'cancelled')
-                AND finalized_at < now() - make_interval(secs => $2)))
-        LIMIT $4
+                AND finalized_at < now() - make_interval(secs => :failed_retention)))
+        LIMIT :limit
         FOR UPDATE SKIP LOCKED
     ),
     deleted AS (
@@ -80,9 +81,9 @@ _DELETE_EXPIRED_TEMPLATE = """
         (SELECT count(*) FROM deleted) AS deleted,
         (SELECT max(ctid) FROM picked) AS last_picked
 """
-DELETE_EXPIRED_JOBS_SQL = _DELETE_EXPIRED_TEMPLATE.format(queues="queue <> ALL($3::text[])")
+DELETE_EXPIRED_JOBS_SQL = Statement(_DELETE_EXPIRED_TEMPLATE, queues="queue <> ALL(:queues::text[])")
 # Same rule for one queue that has its own retention policy.
-DELETE_EXPIRED_QUEUE_JOBS_SQL = _DELETE_EXPIRED_TEMPLATE.format(queues="queue = $3")
+DELETE_EXPIRED_QUEUE_JOBS_SQL = Statement(_DELETE_EXPIRED_TEMPLATE, queues="queue = :queue")
 #: The cursor of a drain's first batch: before every row.
 HEAP_START = (0, 0)
 
@@ -103,9 +104,9 @@ async def delete_expired_jobs(
         budget,
         "finished jobs (global pass)",
         DELETE_EXPIRED_JOBS_SQL,
-        config.completed_retention,
-        config.failed_retention,
-        override_queues,
+        completed_retention=config.completed_retention,
+        failed_retention=config.failed_retention,
+        queues=override_queues,
     )
     if result.jobs_deleted:
         log.info("%s: deleted %d finished jobs past retention", NAME, result.jobs_deleted)
@@ -118,9 +119,9 @@ async def delete_expired_jobs(
             budget,
             f"finished jobs (queue {queue!r})",
             DELETE_EXPIRED_QUEUE_JOBS_SQL,
-            policy.completed,
-            policy.failed,
-            queue,
+            completed_retention=policy.completed,
+            failed_retention=policy.failed,
+            queue=queue,
         )
         result.jobs_deleted_by_queue[queue] = deleted
         if deleted:
@@ -132,8 +133,8 @@ async def _drain_jobs_step(
     result: CleanupResult,
     budget: DrainBudget,
     step: str,
-    sql: str,
-    *args: Any,
+    statement: Statement,
+    **values: Any,
 ) -> int:
     """The finished-jobs drain: like :func:`_drain_step`, with a heap cursor
     (see the SQL) and one more batch from the start before it ends."""
@@ -143,7 +144,7 @@ async def _drain_jobs_step(
     async def batch() -> BatchOutcome | None:
         nonlocal cursor
         try:
-            row = await ctx.db.fetchone(sql, *args, batch_size, cursor)
+            row = await ctx.db.fetchone(*statement.bind(**values, limit=batch_size, cursor=cursor))
         except QueryError as exc:
             log_failed_step(result, step, exc)
             return None

@@ -29,6 +29,7 @@ import logging
 
 from ...context import MaintenanceContext
 from ...maintenance.drain import BatchOutcome, DrainBudget, drain
+from ...sql import Statement
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +39,20 @@ LOWEST_PRIORITY = 4
 #: Levels aged each tick, in this order (see the module docstring).
 AGED_LEVELS = tuple(range(2, LOWEST_PRIORITY + 1))
 
-# One batch of one level ($2). Rows a worker is claiming right now are
-# skipped, never waited for; they are running by the time this pass could
-# touch them. A priority-only update does not mark the admin cache dirty (its
+# One batch of one level (:priority), of jobs available for :age seconds
+# or more. Rows a worker is claiming right now are skipped, never waited
+# for; they are running by the time this pass could touch them. A priority-only update does not mark the admin cache dirty (its
 # triggers watch queue, state and kind). Eligible rows of a level lead its
 # range of the dequeue index (queue, priority, run_at, id), so a batch reads
 # little beyond the rows it ages.
-AGE_WAITING_PRIORITIES_SQL = """
+AGE_WAITING_PRIORITIES_SQL = Statement("""
     WITH eligible AS (
         SELECT id
         FROM awa.jobs_hot
         WHERE state = 'available'
-          AND priority = $2
-          AND run_at <= now() - make_interval(secs => $1)
-        LIMIT $3
+          AND priority = :priority
+          AND run_at <= now() - make_interval(secs => :age)
+        LIMIT :limit
         FOR UPDATE SKIP LOCKED
     )
     UPDATE awa.jobs_hot AS job
@@ -63,7 +64,7 @@ AGE_WAITING_PRIORITIES_SQL = """
     FROM eligible
     WHERE job.id = eligible.id
     RETURNING job.queue
-"""
+""")
 
 
 @dataclasses.dataclass
@@ -88,7 +89,9 @@ async def run_once(ctx: MaintenanceContext) -> PriorityAgingResult:
 
         async def batch(level: int = level) -> BatchOutcome:
             rows = await ctx.db.fetch(
-                AGE_WAITING_PRIORITIES_SQL, config.priority_aging_interval, level, batch_size
+                *AGE_WAITING_PRIORITIES_SQL.bind(
+                    age=config.priority_aging_interval, priority=level, limit=batch_size
+                )
             )
             result.queues.update(row["queue"] for row in rows)
             return BatchOutcome.of(len(rows), batch_size)

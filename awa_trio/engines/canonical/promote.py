@@ -30,6 +30,7 @@ from ...hooks import JobCancelled
 from ...jobs import JOB_COLUMNS, JobRow
 from ...maintenance.promotion import PROMOTABLE_STATES, PromoteResult, promote_due
 from ...maintenance.promotion import promote_row_by_row as shared_row_by_row
+from ...sql import Statement
 from .unique_claims import holder_text, unique_claim_holder
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,9 @@ DUPLICATE_ERROR = "cancelled as duplicate: came due while another job held its u
 
 # The state is a literal, not a parameter, so the planner can use the partial
 # index `(run_at, id, queue) WHERE state = '<state>'` on scheduled_jobs; with a
-# parameter it cannot prove the index applies. Everything that describes where
+# parameter a generic plan cannot prove the index applies. So each state has
+# its own statement, the literal placed at import ({state}, from
+# _STATE_LITERALS). Everything that describes where
 # a job runs (heartbeat, deadline, callback) is cleared; attempt, run_lease,
 # errors and progress travel unchanged.
 #
@@ -58,7 +61,7 @@ _PROMOTE_DUE_SQL_TEMPLATE = """
         WHERE id IN (
             SELECT id
             FROM awa.scheduled_jobs
-            WHERE state = '{state}'::awa.job_state
+            WHERE state = {state}::awa.job_state
               AND run_at <= now()
               {selection}
             FOR UPDATE SKIP LOCKED
@@ -78,76 +81,91 @@ _PROMOTE_DUE_SQL_TEMPLATE = """
     FROM due
     RETURNING {returning}
 """
+#: Each state of PROMOTABLE_STATES as the SQL literal its statements compare
+#: with (see above), written out.
+_STATE_LITERALS = {"scheduled": "'scheduled'", "retryable": "'retryable'"}
 _COLUMNS_SQL = ", ".join(JOB_COLUMNS)
-_BATCH_SELECTION = "ORDER BY run_at, id LIMIT $1"
-_ONE_SELECTION = "AND id = $1"
+_BATCH_SELECTION = "ORDER BY run_at, id LIMIT :limit"
+_ONE_SELECTION = "AND id = :job_id"
 PROMOTE_DUE_SQL = {
-    state: _PROMOTE_DUE_SQL_TEMPLATE.format(
-        state=state, selection=_BATCH_SELECTION, columns=_COLUMNS_SQL, returning="queue"
+    state: Statement(
+        _PROMOTE_DUE_SQL_TEMPLATE,
+        state=_STATE_LITERALS[state],
+        selection=_BATCH_SELECTION,
+        columns=_COLUMNS_SQL,
+        returning="queue",
     )
     for state in PROMOTABLE_STATES
 }
 #: The row-by-row fallback: one id, re-checked against the same predicate.
 PROMOTE_ONE_SQL = {
-    state: _PROMOTE_DUE_SQL_TEMPLATE.format(
-        state=state, selection=_ONE_SELECTION, columns=_COLUMNS_SQL, returning=_COLUMNS_SQL
+    state: Statement(
+        _PROMOTE_DUE_SQL_TEMPLATE,
+        state=_STATE_LITERALS[state],
+        selection=_ONE_SELECTION,
+        columns=_COLUMNS_SQL,
+        returning=_COLUMNS_SQL,
     )
     for state in PROMOTABLE_STATES
 }
-DUE_IDS_SQL = {
-    state: f"""
+_DUE_IDS_TEMPLATE = """
         SELECT id
         FROM awa.scheduled_jobs
-        WHERE state = '{state}'::awa.job_state
+        WHERE state = {state}::awa.job_state
           AND run_at <= now()
         ORDER BY run_at, id
-        LIMIT $1
+        LIMIT :limit
     """
-    for state in PROMOTABLE_STATES
+DUE_IDS_SQL = {
+    state: Statement(_DUE_IDS_TEMPLATE, state=_STATE_LITERALS[state]) for state in PROMOTABLE_STATES
 }
 
 # Which states have due rows, in one round trip (the partial index per
 # state answers each EXISTS): an idle tick costs one statement, not one
-# empty batch per state.
-DUE_STATES_SQL = "SELECT " + ",\n       ".join(
-    f"""EXISTS (
+# empty batch per state. One column per state of PROMOTABLE_STATES.
+DUE_STATES_SQL = Statement("""SELECT EXISTS (
            SELECT 1 FROM awa.scheduled_jobs
-           WHERE state = '{state}'::awa.job_state AND run_at <= now()
-       ) AS {state}"""
-    for state in PROMOTABLE_STATES
-)
+           WHERE state = 'scheduled'::awa.job_state AND run_at <= now()
+       ) AS scheduled,
+       EXISTS (
+           SELECT 1 FROM awa.scheduled_jobs
+           WHERE state = 'retryable'::awa.job_state AND run_at <= now()
+       ) AS retryable""")
 
 # A due job that cannot be promoted leaves scheduled_jobs as `cancelled`
 # (terminal rows live in jobs_hot), guarded by the state it was found in and
 # with one error entry appended. `cancelled` is outside the default unique
 # mask, so normally it claims nothing.
-CANCEL_DUPLICATE_SQL = f"""
+CANCEL_DUPLICATE_SQL = Statement(
+    """
     WITH taken AS (
         DELETE FROM awa.scheduled_jobs
-        WHERE id = $1
-          AND state = $2::awa.job_state
+        WHERE id = :job_id
+          AND state = :state::awa.job_state
         RETURNING *
     )
-    INSERT INTO awa.jobs_hot ({_COLUMNS_SQL})
+    INSERT INTO awa.jobs_hot ({columns})
     SELECT
         id, kind, queue, args, 'cancelled', priority, attempt, max_attempts,
         run_at, NULL, NULL, attempted_at, now(),
         created_at,
-        errors || jsonb_build_object('error', $3::text, 'attempt', attempt, 'at', now()),
+        errors || jsonb_build_object('error', :error::text, 'attempt', attempt, 'at', now()),
         metadata, tags, unique_key, unique_states,
         NULL, NULL, NULL,
         NULL, NULL, NULL,
         run_lease, progress
     FROM taken
-    RETURNING {_COLUMNS_SQL}
-"""
+    RETURNING {columns}
+""",
+    columns=_COLUMNS_SQL,
+)
 
 
 async def run_once(ctx: MaintenanceContext) -> PromoteResult:
     async def promote_state(state: str, result: PromoteResult) -> None:
         await promote_due_state(ctx, state, result)
 
-    result = await promote_due(ctx, NAME, DUE_STATES_SQL, promote_state)
+    result = await promote_due(ctx, NAME, DUE_STATES_SQL.render(), promote_state)
     if result.duplicates_cancelled and ctx.hooks is not None:
         ctx.hooks.publish(JobCancelled(job, DUPLICATE_ERROR) for job in result.duplicates_cancelled)
     return result
@@ -157,11 +175,11 @@ async def promote_due_state(ctx: MaintenanceContext, state: str, result: Promote
     """Up to PROMOTE_MAX_BATCHES_PER_TICK batches; stop at the first short one.
     A batch refused over one row (a unique claim, a value a trigger rejects)
     goes row by row, so only that row waits."""
-    sql = PROMOTE_DUE_SQL[state]
+    statement = PROMOTE_DUE_SQL[state]
     for _ in range(PROMOTE_MAX_BATCHES_PER_TICK):
         started = trio.current_time()
         try:
-            rows = await ctx.db.fetch(sql, PROMOTE_BATCH_SIZE)
+            rows = await ctx.db.fetch(*statement.bind(limit=PROMOTE_BATCH_SIZE))
         except QueryError as exc:
             problem = row_level_refusal(exc)
             if problem is None:
@@ -188,11 +206,11 @@ async def promote_due_state(ctx: MaintenanceContext, state: str, result: Promote
 async def promote_row_by_row(ctx: MaintenanceContext, state: str, result: PromoteResult) -> None:
     """The fallback for a refused batch: each due job in its own statement; a
     job whose claim is held elsewhere is cancelled as a duplicate."""
-    ids = [record["id"] for record in await ctx.db.fetch(DUE_IDS_SQL[state], PROMOTE_BATCH_SIZE)]
+    ids = [record["id"] for record in await ctx.db.fetch(*DUE_IDS_SQL[state].bind(limit=PROMOTE_BATCH_SIZE))]
 
     async def promote_one(job_id: int) -> list[tuple[str, int]]:
         # None: deleted, rescheduled or taken by another leader meanwhile.
-        record = await ctx.db.fetchrow(PROMOTE_ONE_SQL[state], job_id)
+        record = await ctx.db.fetchrow(*PROMOTE_ONE_SQL[state].bind(job_id=job_id))
         return [] if record is None else [(record["queue"], 1)]
 
     async def on_claim_conflict(job_id: int) -> None:
@@ -204,7 +222,9 @@ async def promote_row_by_row(ctx: MaintenanceContext, state: str, result: Promot
 async def cancel_duplicate(ctx: MaintenanceContext, state: str, job_id: int, result: PromoteResult) -> None:
     holder = holder_text(await unique_claim_holder(ctx, job_id))
     try:
-        record = await ctx.db.fetchrow(CANCEL_DUPLICATE_SQL, job_id, state, DUPLICATE_ERROR)
+        record = await ctx.db.fetchrow(
+            *CANCEL_DUPLICATE_SQL.bind(job_id=job_id, state=state, error=DUPLICATE_ERROR)
+        )
     except UniqueViolation:
         log.error(
             "%s: cannot promote or cancel %s job %d: the unique claim is held by job %s "

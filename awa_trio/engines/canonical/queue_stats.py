@@ -34,6 +34,7 @@ import logging
 
 from ...context import MaintenanceContext
 from ...maintenance.queue_info import DEPTH_STATES, publish_info
+from ...sql import Statement
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ NAME = "queue_stats"
 # priority levels. Priorities are 1..4 (CHECK jobs_hot_priority_in_range);
 # probing each level reads 4 index entries per queue instead of every
 # available row. now() is the statement's start, as upstream.
-QUEUE_OVERVIEW_SQL = """
+QUEUE_OVERVIEW_SQL = Statement("""
     WITH all_queues AS (
         SELECT queue FROM awa.queue_state_counts
         UNION
@@ -85,7 +86,7 @@ QUEUE_OVERVIEW_SQL = """
         ) AS oldest
     ) AS lag ON true
     ORDER BY q.queue
-"""
+""")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +106,7 @@ class QueueStatsResult:
 
 async def run_once(ctx: MaintenanceContext) -> QueueStatsResult:
     result = QueueStatsResult()
-    for row in await ctx.db.fetch(QUEUE_OVERVIEW_SQL):
+    for row in await ctx.db.fetch(*QUEUE_OVERVIEW_SQL.bind()):
         stats = QueueStats(
             queue=row["queue"],
             depth={state: int(row[state]) for state in DEPTH_STATES},

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ...config import DEFAULT_RESCUE_BATCH_SIZE
@@ -55,6 +55,7 @@ from ...hooks import RescueReason
 from ...jobs import JOB_COLUMNS, JobRow
 from ...maintenance.drain import BatchOutcome, DrainBudget
 from ...maintenance.rescue import RescueResult, drain_rescues
+from ...sql import Fragment, Statement
 from .unique_claims import holder_text, unique_claim_holder
 
 log = logging.getLogger(__name__)
@@ -62,15 +63,18 @@ log = logging.getLogger(__name__)
 #: Default rows per rescue batch (and the most one fallback batch revisits);
 #: the setting is ``rescue_batch_size``.
 RESCUE_BATCH_SIZE = DEFAULT_RESCUE_BATCH_SIZE
-#: Column list of the job tables, for the INSERT ... SELECT / RETURNING of each sweep.
+#: Column lists of the job tables, by name, for the INSERT ... SELECT /
+#: RETURNING of each sweep (``hot.``: qualified, where a statement joins).
 JOB_COLUMNS_SQL = ", ".join(JOB_COLUMNS)
+HOT_COLUMNS_SQL = ", ".join("hot." + column for column in JOB_COLUMNS)
 
 # The fallback's terminal move for a job whose rescue conflicts with a newer
 # duplicate's claim. Guarded by the state the sweep found it in, so a job
 # finished or rescued meanwhile is left alone. Both states live in jobs_hot,
 # so it is an in-place UPDATE; `cancelled` is outside the default unique mask,
 # so normally it claims nothing.
-CANCEL_DUPLICATE_SQL = f"""
+CANCEL_DUPLICATE_SQL = Statement(
+    """
     UPDATE awa.jobs_hot
     SET state = 'cancelled',
         finalized_at = now(),
@@ -82,24 +86,41 @@ CANCEL_DUPLICATE_SQL = f"""
         callback_on_complete = NULL,
         callback_on_fail = NULL,
         callback_transform = NULL,
-        errors = errors || jsonb_build_object('error', $3::text, 'attempt', attempt, 'at', now())
-    WHERE id = $1
-      AND state = $2::awa.job_state
-    RETURNING {JOB_COLUMNS_SQL}
-"""
+        errors = errors || jsonb_build_object('error', :error::text, 'attempt', attempt, 'at', now())
+    WHERE id = :job_id
+      AND state = :state::awa.job_state
+    RETURNING {columns}
+""",
+    columns=JOB_COLUMNS_SQL,
+)
 
+#: Which candidates a rescue statement takes ({selection}): a batch, oldest
+#: first, or one id re-checked against the same predicate (the row-by-row
+#: fallback).
+BATCH_SELECTION = Fragment("ORDER BY {order_by}, id LIMIT :limit")
+ONE_SELECTION = "AND id = :job_id"
 
-def sql_text_literal(text: str) -> str:
-    """A constant (never user input) as an SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
-
+#: A rescued row's move from ``taken`` (rows deleted from jobs_hot) into
+#: scheduled_jobs as `retryable`, finalized, with heartbeat, deadline and
+#: every callback column cleared and one error entry (:error) appended;
+#: attempt, run_at, run_lease and progress travel unchanged. Shared with the
+#: canonical drain's variant (:mod:`.canonical_drain`).
+RETRY_TAKEN = Fragment("""INSERT INTO awa.scheduled_jobs ({columns})
+    SELECT
+        id, kind, queue, args, 'retryable', priority, attempt, max_attempts,
+        run_at, NULL, NULL, attempted_at, now(),
+        created_at,
+        errors || jsonb_build_object('error', :error::text, 'attempt', attempt, 'at', now()),
+        metadata, tags, unique_key, unique_states,
+        NULL, NULL, NULL,
+        NULL, NULL, NULL,
+        run_lease, progress
+    FROM taken
+    RETURNING {columns}""")
 
 # Heartbeat and deadline rescues: locked `running` candidates leave jobs_hot
-# and enter scheduled_jobs as `retryable`, finalized, with heartbeat,
-# deadline and every callback column cleared and one error entry appended;
-# attempt, run_at, run_lease and progress travel unchanged. {selection} is
-# either the batch (ORDER BY ... LIMIT) or one id re-checked against the
-# same predicate (the row-by-row fallback).
+# and enter scheduled_jobs (RETRY_TAKEN). {selection} is BATCH_SELECTION or
+# ONE_SELECTION.
 _RUNNING_TO_RETRYABLE_TEMPLATE = """
     WITH candidates AS (
         SELECT id
@@ -114,52 +135,39 @@ _RUNNING_TO_RETRYABLE_TEMPLATE = """
         WHERE hot.id = candidates.id
         RETURNING hot.*
     )
-    INSERT INTO awa.scheduled_jobs ({columns})
-    SELECT
-        id, kind, queue, args, 'retryable', priority, attempt, max_attempts,
-        run_at, NULL, NULL, attempted_at, now(),
-        created_at,
-        errors || jsonb_build_object('error', {error}, 'attempt', attempt, 'at', now()),
-        metadata, tags, unique_key, unique_states,
-        NULL, NULL, NULL,
-        NULL, NULL, NULL,
-        run_lease, progress
-    FROM taken
-    RETURNING {columns}
+    {retry_taken}
 """
+_CANDIDATES_TEMPLATE = "SELECT id FROM awa.jobs_hot WHERE {predicate} ORDER BY {order_by}, id LIMIT :limit"
 
 
 @dataclasses.dataclass(frozen=True)
 class SweepStatements:
-    batch_sql: str
-    one_sql: str
-    candidates_sql: str
+    batch_sql: Statement
+    one_sql: Statement
+    candidates_sql: Statement
 
 
-def candidates_sql(predicate: str, order_by: str, limit_param: int) -> str:
-    """Ids of the oldest candidates, for the row-by-row fallback."""
-    return f"SELECT id FROM awa.jobs_hot WHERE {predicate} ORDER BY {order_by}, id LIMIT ${limit_param}"
+def candidates_sql(predicate: str, order_by: str) -> Statement:
+    """Ids of the oldest candidates (up to ``:limit``), for the row-by-row fallback."""
+    return Statement(_CANDIDATES_TEMPLATE, predicate=predicate, order_by=order_by)
 
 
-def running_to_retryable_statements(
-    *, predicate: str, order_by: str, error: str, next_param: int
-) -> SweepStatements:
+def running_to_retryable_statements(*, predicate: str, order_by: str) -> SweepStatements:
     """The three statements of a rescue that makes running jobs retryable.
-    ``predicate`` may use parameters ``$1 .. $(next_param - 1)``; the row
-    limit (or the job id) is ``$next_param``."""
+    ``predicate`` may use named parameters of its own (passed to
+    :func:`run_sweep`); the statements add ``:limit`` (batch, candidates) or
+    ``:job_id`` (one), and ``:error`` (batch, one)."""
+    retry_taken = RETRY_TAKEN(columns=JOB_COLUMNS_SQL)
 
-    def statement(selection: str) -> str:
-        return _RUNNING_TO_RETRYABLE_TEMPLATE.format(
-            predicate=predicate,
-            selection=selection,
-            error=sql_text_literal(error),
-            columns=JOB_COLUMNS_SQL,
+    def statement(selection: str) -> Statement:
+        return Statement(
+            _RUNNING_TO_RETRYABLE_TEMPLATE, predicate=predicate, selection=selection, retry_taken=retry_taken
         )
 
     return SweepStatements(
-        batch_sql=statement(f"ORDER BY {order_by}, id LIMIT ${next_param}"),
-        one_sql=statement(f"AND id = ${next_param}"),
-        candidates_sql=candidates_sql(predicate, order_by, next_param),
+        batch_sql=statement(BATCH_SELECTION(order_by=order_by)),
+        one_sql=statement(ONE_SELECTION),
+        candidates_sql=candidates_sql(predicate, order_by),
     )
 
 
@@ -167,9 +175,10 @@ def running_to_retryable_statements(
 class RescueSweep:
     """One rescue branch's SQL and vocabulary.
 
-    The three statements take the branch's own parameters first (``params``
-    of :func:`run_sweep`), then one more: ``batch_sql`` and
-    ``candidates_sql`` a row limit, ``one_sql`` a job id.
+    The three statements take the branch's own named parameters (``params``
+    of :func:`run_sweep`), and: ``batch_sql`` ``:limit`` and ``:error``
+    (``rescue_error``), ``one_sql`` ``:job_id`` and ``:error``,
+    ``candidates_sql`` ``:limit``.
     """
 
     #: Branch name (logs, tracker).
@@ -180,11 +189,13 @@ class RescueSweep:
     #: The state a candidate is in (guards the duplicate cancellation).
     from_state: str
     #: Rescue up to N candidates, RETURNING the rescued rows.
-    batch_sql: str
+    batch_sql: Statement
     #: Rescue one id if it still matches the predicate, RETURNING it.
-    one_sql: str
+    one_sql: Statement
     #: Ids of up to N candidates, for the row-by-row fallback.
-    candidates_sql: str
+    candidates_sql: Statement
+    #: Error entry appended to a rescued job.
+    rescue_error: str
     #: Error entry of a job cancelled as a superseded duplicate.
     duplicate_error: str
     #: Whether attempts still running in this process are signalled.
@@ -195,9 +206,10 @@ class RescueSweep:
 
 
 async def run_sweep(
-    ctx: MaintenanceContext, sweep: RescueSweep, *params: Any, budget: DrainBudget | None = None
+    ctx: MaintenanceContext, sweep: RescueSweep, *, budget: DrainBudget | None = None, **params: Any
 ) -> RescueResult:
-    """One tick of a rescue branch (the shared drain over this engine's batch)."""
+    """One tick of a rescue branch (the shared drain over this engine's
+    batch); ``params``: the named parameters of the sweep's predicate."""
 
     async def batch(part: RescueResult, batch_size: int) -> BatchOutcome | None:
         return await rescue_batch(ctx, sweep, params, part, batch_size)
@@ -208,7 +220,7 @@ async def run_sweep(
 async def rescue_batch(
     ctx: MaintenanceContext,
     sweep: RescueSweep,
-    params: Sequence[Any],
+    params: Mapping[str, Any],
     part: RescueResult,
     batch_size: int,
 ) -> BatchOutcome | None:
@@ -217,7 +229,9 @@ async def rescue_batch(
     cannot be appended to), the same batch row by row, so that row alone
     is skipped. None: stop draining this tick."""
     try:
-        records = await ctx.db.fetch(sweep.batch_sql, *params, batch_size)
+        records = await ctx.db.fetch(
+            *sweep.batch_sql.bind(**params, error=sweep.rescue_error, limit=batch_size)
+        )
     except QueryError as exc:
         problem = row_level_refusal(exc)
         if problem is None:
@@ -240,17 +254,19 @@ async def rescue_batch(
 async def rescue_row_by_row(
     ctx: MaintenanceContext,
     sweep: RescueSweep,
-    params: Sequence[Any],
+    params: Mapping[str, Any],
     result: RescueResult,
     *,
     limit: int = RESCUE_BATCH_SIZE,
 ) -> int:
     """The #388 fallback: each of up to ``limit`` candidates in its own
     statement. Returns how many candidates it went through."""
-    ids = [record["id"] for record in await ctx.db.fetch(sweep.candidates_sql, *params, limit)]
+    ids = [record["id"] for record in await ctx.db.fetch(*sweep.candidates_sql.bind(**params, limit=limit))]
     for position, job_id in enumerate(ids):
         try:
-            record = await ctx.db.fetchrow(sweep.one_sql, *params, job_id)
+            record = await ctx.db.fetchrow(
+                *sweep.one_sql.bind(**params, error=sweep.rescue_error, job_id=job_id)
+            )
         except UniqueViolation:
             await cancel_duplicate(ctx, sweep, job_id, result)
             continue
@@ -277,7 +293,9 @@ async def cancel_duplicate(
 ) -> None:
     holder = holder_text(await unique_claim_holder(ctx, job_id))
     try:
-        record = await ctx.db.fetchrow(CANCEL_DUPLICATE_SQL, job_id, sweep.from_state, sweep.duplicate_error)
+        record = await ctx.db.fetchrow(
+            *CANCEL_DUPLICATE_SQL.bind(job_id=job_id, state=sweep.from_state, error=sweep.duplicate_error)
+        )
     except UniqueViolation:
         log.error(
             "%s: cannot rescue or cancel job %d: the unique claim is held by job %s and "

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 from ...context import MaintenanceContext
 from ...hooks import RescueReason
-from ...jobs import JOB_COLUMNS
 from ...maintenance.rescue import RescueResult
+from ...sql import Statement
 from .rescue import (
+    BATCH_SELECTION,
+    HOT_COLUMNS_SQL,
     JOB_COLUMNS_SQL,
+    ONE_SELECTION,
     RescueSweep,
     candidates_sql,
     run_sweep,
-    sql_text_literal,
 )
 
 NAME = "rescue_expired_callbacks"
@@ -29,9 +31,9 @@ METRIC_KIND = "callback_timeout"
 RESCUE_ERROR = "callback timed out"
 DUPLICATE_ERROR = "rescued as duplicate: callback timed out and unique claim held by a newer job"
 
-# {selection} is either the batch (earliest first, $1 = row limit) or, for
-# the row-by-row fallback, one id ($1) re-checked against the same
-# predicate. Exhausted rows stay in jobs_hot (failed, updated in place); the
+# {selection} is either the batch (earliest first, up to :limit) or, for
+# the row-by-row fallback, one id (:job_id) re-checked against the same
+# predicate; :error is RESCUE_ERROR. Exhausted rows stay in jobs_hot (failed, updated in place); the
 # others move to scheduled_jobs (retryable with backoff). heartbeat_at and
 # deadline_at were cleared when the job started waiting and are kept as is.
 _RESCUE_SQL_TEMPLATE = """
@@ -55,7 +57,7 @@ _RESCUE_SQL_TEMPLATE = """
             callback_on_fail = NULL,
             callback_transform = NULL,
             errors = hot.errors || jsonb_build_object(
-                'error', {error},
+                'error', :error::text,
                 'attempt', hot.attempt,
                 'at', now()
             )
@@ -79,7 +81,7 @@ _RESCUE_SQL_TEMPLATE = """
             heartbeat_at, deadline_at, attempted_at, now(),
             created_at,
             errors || jsonb_build_object(
-                'error', {error},
+                'error', :error::text,
                 'attempt', attempt,
                 'at', now()
             ),
@@ -94,18 +96,18 @@ _RESCUE_SQL_TEMPLATE = """
     UNION ALL
     SELECT * FROM retried
 """
-_HOT_COLUMNS_SQL = ", ".join(f"hot.{column}" for column in JOB_COLUMNS)
-_STATEMENT_PARTS = dict(
-    columns=JOB_COLUMNS_SQL, hot_columns=_HOT_COLUMNS_SQL, error=sql_text_literal(RESCUE_ERROR)
+RESCUE_BATCH_SQL = Statement(
+    _RESCUE_SQL_TEMPLATE,
+    selection=BATCH_SELECTION(order_by="callback_timeout_at"),
+    columns=JOB_COLUMNS_SQL,
+    hot_columns=HOT_COLUMNS_SQL,
 )
-RESCUE_BATCH_SQL = _RESCUE_SQL_TEMPLATE.format(
-    selection="ORDER BY callback_timeout_at, id LIMIT $1", **_STATEMENT_PARTS
+RESCUE_ONE_SQL = Statement(
+    _RESCUE_SQL_TEMPLATE, selection=ONE_SELECTION, columns=JOB_COLUMNS_SQL, hot_columns=HOT_COLUMNS_SQL
 )
-RESCUE_ONE_SQL = _RESCUE_SQL_TEMPLATE.format(selection="AND id = $1", **_STATEMENT_PARTS)
 CANDIDATES_SQL = candidates_sql(
     "state = 'waiting_external' AND callback_timeout_at IS NOT NULL AND callback_timeout_at < now()",
     "callback_timeout_at",
-    limit_param=1,
 )
 
 SWEEP = RescueSweep(
@@ -116,6 +118,7 @@ SWEEP = RescueSweep(
     batch_sql=RESCUE_BATCH_SQL,
     one_sql=RESCUE_ONE_SQL,
     candidates_sql=CANDIDATES_SQL,
+    rescue_error=RESCUE_ERROR,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=False,
     interval_setting="callback_rescue_interval",

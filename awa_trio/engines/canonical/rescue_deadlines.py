@@ -21,12 +21,11 @@ RESCUE_ERROR = "hard deadline exceeded"
 DUPLICATE_ERROR = "rescued as duplicate: deadline expired and unique claim held by a newer job"
 
 # Column effects in rescue.running_to_retryable_statements.
-STATEMENTS = running_to_retryable_statements(
-    predicate="state = 'running' AND deadline_at IS NOT NULL AND deadline_at < now()",
-    order_by="deadline_at",
-    error=RESCUE_ERROR,
-    next_param=1,
-)
+#: Which rows the rescue takes, and in which order (the canonical drain's
+#: variant uses them too).
+PREDICATE = "state = 'running' AND deadline_at IS NOT NULL AND deadline_at < now()"
+ORDER_BY = "deadline_at"
+STATEMENTS = running_to_retryable_statements(predicate=PREDICATE, order_by=ORDER_BY)
 RESCUE_BATCH_SQL = STATEMENTS.batch_sql
 RESCUE_ONE_SQL = STATEMENTS.one_sql
 CANDIDATES_SQL = STATEMENTS.candidates_sql
@@ -39,6 +38,7 @@ SWEEP = RescueSweep(
     batch_sql=RESCUE_BATCH_SQL,
     one_sql=RESCUE_ONE_SQL,
     candidates_sql=CANDIDATES_SQL,
+    rescue_error=RESCUE_ERROR,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=True,
     interval_setting="deadline_rescue_interval",

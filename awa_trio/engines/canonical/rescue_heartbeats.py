@@ -21,13 +21,12 @@ METRIC_KIND = "heartbeat"
 RESCUE_ERROR = "heartbeat stale: worker presumed dead"
 DUPLICATE_ERROR = "rescued as duplicate: heartbeat stale and unique claim held by a newer job"
 
-# $1 = staleness in seconds; column effects in rescue.running_to_retryable_statements.
-STATEMENTS = running_to_retryable_statements(
-    predicate="state = 'running' AND heartbeat_at < now() - make_interval(secs => $1)",
-    order_by="heartbeat_at",
-    error=RESCUE_ERROR,
-    next_param=2,
-)
+# :staleness in seconds; column effects in rescue.running_to_retryable_statements.
+#: Which rows the rescue takes, and in which order (the canonical drain's
+#: variant uses them too).
+PREDICATE = "state = 'running' AND heartbeat_at < now() - make_interval(secs => :staleness)"
+ORDER_BY = "heartbeat_at"
+STATEMENTS = running_to_retryable_statements(predicate=PREDICATE, order_by=ORDER_BY)
 RESCUE_BATCH_SQL = STATEMENTS.batch_sql
 RESCUE_ONE_SQL = STATEMENTS.one_sql
 CANDIDATES_SQL = STATEMENTS.candidates_sql
@@ -40,6 +39,7 @@ SWEEP = RescueSweep(
     batch_sql=RESCUE_BATCH_SQL,
     one_sql=RESCUE_ONE_SQL,
     candidates_sql=CANDIDATES_SQL,
+    rescue_error=RESCUE_ERROR,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=True,
     interval_setting="heartbeat_rescue_interval",
@@ -47,4 +47,4 @@ SWEEP = RescueSweep(
 
 
 async def run_once(ctx: MaintenanceContext) -> RescueResult:
-    return await run_sweep(ctx, SWEEP, float(ctx.config.heartbeat_staleness))
+    return await run_sweep(ctx, SWEEP, staleness=float(ctx.config.heartbeat_staleness))
