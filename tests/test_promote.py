@@ -216,7 +216,7 @@ async def test_state_literal_lets_the_planner_use_the_partial_index(db):
 async def test_one_state_failing_does_not_block_the_other(maintenance_ctx, db, caplog, monkeypatch):
     await insert_due_rows(db, 3, "retryable")
     await insert_due_rows(db, 2, "scheduled")  # due, so its (broken) batch runs
-    broken = dict(promote.PROMOTE_DUE_SQL, scheduled=Statement("SELECT :limit::int / 0 AS queue"))
+    broken = dict(promote.PROMOTE_DUE_SQL, scheduled=Statement("SELECT queue FROM awa.no_such_table LIMIT :limit"))
     monkeypatch.setattr(promote, "PROMOTE_DUE_SQL", broken)
     result = await promote.run_once(maintenance_ctx)
     assert result.promoted.get("retryable") == 3
