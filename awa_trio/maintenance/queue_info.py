@@ -73,7 +73,8 @@ DEPTH_STATES = ("available", "running", "failed", "scheduled", "retryable", "wai
 # use, the columns of the latest layout, and the claim function runtimes
 # call with the columns its result must name. The catalogs only (no
 # privilege on the objects is needed, not even USAGE on their schema);
-# evaluated only while prepared. The counts are those of the lists above them.
+# evaluated only while prepared. Each count (18, 4) is the length of the
+# list just before it: keep them together when the list changes.
 _PREPARED_SCHEMA_READY = """
     (SELECT count(*) FROM pg_class AS rel
        JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
