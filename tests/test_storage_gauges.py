@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+import pytest
 import trio
 from conftest import in_thread
 from support.contexts import make_context
@@ -179,6 +180,25 @@ async def test_prepared_with_an_incomplete_schema_is_not_ready(db, meter_provide
     await runtime(db, "queue_storage", "queue_storage_target")
     snapshot = await publish_info(ctx)
     assert snapshot.state == "prepared" and not snapshot.enter_mixed_transition_ready
+    assert gauges(metric_reader)[STORAGE_TRANSITION_READY]["enter_mixed_transition"] == 0
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "ALTER TABLE awa.ready_segments RENAME TO ready_segments_gone",
+        "ALTER TABLE awa.lease_claim_closure_batches DROP COLUMN receipt_ranges",
+    ],
+    ids=["a relation missing", "a column missing"],
+)
+async def test_prepared_schema_missing_one_piece_is_not_ready(db, meter_provider, metric_reader, damage):
+    ctx = await make_context(db, meter_provider=meter_provider)
+    assert await db.fetchval(PREPARE_SQL) == "prepared"
+    await runtime(db, "queue_storage", "queue_storage_target")
+    assert (await publish_info(ctx)).enter_mixed_transition_ready
+    await db.execute(damage)
+    snapshot = await publish_info(ctx)
+    assert not snapshot.enter_mixed_transition_ready
     assert gauges(metric_reader)[STORAGE_TRANSITION_READY]["enter_mixed_transition"] == 0
 
 

@@ -73,35 +73,44 @@ DEPTH_STATES = ("available", "running", "failed", "scheduled", "retryable", "wai
 # use, the columns of the latest layout, and the claim function runtimes
 # call with the columns its result must name. The catalogs only (no
 # privilege on the objects is needed, not even USAGE on their schema);
-# evaluated only while prepared. Each count (18, 4) is the length of the
-# list just before it: keep them together when the list changes.
+# evaluated only while prepared. Each list is a "none of these is missing"
+# test, so it holds no count to keep in step.
 _PREPARED_SCHEMA_READY = """
-    (SELECT count(*) FROM pg_class AS rel
-       JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
-      WHERE nsp.nspname = status.queue_storage_schema
-        AND rel.relname IN (
+    NOT EXISTS (
+        SELECT 1
+        FROM unnest(ARRAY[
             'job_id_seq', 'lease_claim_receipt_id_seq', 'lease_claim_batch_id_seq',
             'queue_ring_state', 'ready_entries', 'ready_claim_attempt_batches',
             'ready_tombstones', 'ready_segments', 'done_entries',
             'receipt_completion_batches', 'receipt_completion_tombstones',
             'queue_terminal_count_deltas', 'leases', 'deferred_jobs', 'lease_claims',
             'lease_claim_batches', 'lease_claim_closures', 'lease_claim_closure_batches'
-        )) = 18
-    AND (SELECT count(*) FROM (VALUES
-              ('lease_claim_closure_batches', 'receipt_ranges'),
-              ('queue_claim_heads', 'ready_segment_slot'),
-              ('queue_claim_heads', 'ready_segment_generation'),
-              ('queue_claim_heads', 'ready_segment_next_lane_seq')
-          ) AS wanted(table_name, column_name)
-          WHERE EXISTS (
-              SELECT 1 FROM pg_attribute AS att
-              JOIN pg_class AS rel ON rel.oid = att.attrelid
-              JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
-              WHERE nsp.nspname = status.queue_storage_schema
-                AND rel.relname = wanted.table_name
-                AND att.attname = wanted.column_name
-                AND att.attnum > 0 AND NOT att.attisdropped
-          )) = 4
+        ]::name[]) AS wanted(relation_name)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM pg_class AS rel
+            JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
+            WHERE nsp.nspname = status.queue_storage_schema
+              AND rel.relname = wanted.relation_name
+        )
+    )
+    AND NOT EXISTS (
+        SELECT 1
+        FROM (VALUES
+            ('lease_claim_closure_batches', 'receipt_ranges'),
+            ('queue_claim_heads', 'ready_segment_slot'),
+            ('queue_claim_heads', 'ready_segment_generation'),
+            ('queue_claim_heads', 'ready_segment_next_lane_seq')
+        ) AS wanted(table_name, column_name)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM pg_attribute AS att
+            JOIN pg_class AS rel ON rel.oid = att.attrelid
+            JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
+            WHERE nsp.nspname = status.queue_storage_schema
+              AND rel.relname = wanted.table_name
+              AND att.attname = wanted.column_name
+              AND att.attnum > 0 AND NOT att.attisdropped
+        )
+    )
     AND EXISTS (
         SELECT 1 FROM pg_proc AS proc
         JOIN pg_namespace AS nsp ON nsp.oid = proc.pronamespace
