@@ -393,9 +393,7 @@ async def run_locked_chunk(
 ) -> BatchOperationsResult:
     """Steps 2-6 of the module docstring, under the runner lock."""
     result = BatchOperationsResult(runner_instance=runner_instance)
-    row = await conn.fetchrow(
-        *storage.claim_operation_sql.bind(runner_instance=runner_instance)
-    )
+    row = await conn.fetchrow(*storage.claim_operation_sql.bind(runner_instance=runner_instance))
     if row is None:
         return result
     result.claimed = True
