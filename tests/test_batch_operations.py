@@ -511,11 +511,11 @@ def test_decoding_reads_awa_pg_filters():
         CANONICAL_STORAGE,
     )
     assert plan.apply_sql == batch_operations.APPLY_MOVE_QUEUE_SQL
-    assert plan.apply_args == ("q", None)
-    assert plan.filter_args == (
-        "scheduled", "k", None, "t", [3, 4],
-        dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC), None,
-    )
+    assert plan.apply_args == {"queue": "q", "priority": None}
+    assert plan.filter_args == {
+        "state": "scheduled", "kind": "k", "queue": None, "tag": "t", "ids": [3, 4],
+        "created_at_gte": dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC), "created_at_lt": None,
+    }
 
 
 @pytest.mark.parametrize(

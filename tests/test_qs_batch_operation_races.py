@@ -96,7 +96,6 @@ async def test_a_job_that_changes_lanes_while_we_wait_for_its_lane_is_left_for_t
     # source lane's claim head. The first moves the job to priority 1; the
     # second then finds the job in a lane whose head it does not hold, and
     # must not move it from there (a claimer of that lane could take it).
-    sql = {name: template.format(schema="awa") for name, template in _REENTER_STATEMENTS.items()}
     job = await trio.to_thread.run_sync(lambda: qs_awa_client.insert({"n": 1}, kind="race", queue=QUEUE))
     holder = await qs_db.connect_dedicated()
     outcomes = {}
@@ -107,7 +106,7 @@ async def test_a_job_that_changes_lanes_while_we_wait_for_its_lane_is_left_for_t
         async def move(name: str, priority: int) -> None:
             async with qs_db.transaction() as conn:
                 try:
-                    outcomes[name] = await _reenter_available(conn, "awa", sql, job.id, None, priority)
+                    outcomes[name] = await _reenter_available(conn, "awa", job.id, None, priority)
                 except QueryError as exc:
                     outcomes[name] = exc.sqlstate
 
@@ -126,16 +125,6 @@ async def test_a_job_that_changes_lanes_while_we_wait_for_its_lane_is_left_for_t
         " SELECT 1 FROM awa.ready_tombstones AS tomb WHERE tomb.job_id = ready.job_id"
         " AND tomb.lane_seq = ready.lane_seq AND tomb.priority = ready.priority)", job.id)
     assert [row["priority"] for row in live] == [1]
-
-
-_REENTER_STATEMENTS = {
-    "lock_source_lanes": batch_operations.LOCK_SOURCE_LANES_SQL,
-    "live_ready_entry": batch_operations.LIVE_READY_ENTRY_SQL,
-    "tombstone_and_ensure_lane": batch_operations.TOMBSTONE_AND_ENSURE_LANE_SQL,
-    "ensure_lane_sequences": batch_operations.ENSURE_LANE_SEQUENCES_SQL,
-    "reserve_position": batch_operations.RESERVE_POSITION_SQL,
-    "reenter_ready": batch_operations.REENTER_READY_SQL,
-}
 
 
 async def wait_for_lock_waiters(db, count: int) -> None:

@@ -86,6 +86,7 @@ import trio
 
 from ..context import MaintenanceContext
 from ..db import CLEANUP_TIMEOUT, Connection, DatabaseError, QueryError
+from ..sql import Fragment, Statement
 
 log = logging.getLogger(__name__)
 
@@ -117,14 +118,19 @@ MAX_QUEUE_NAME_BYTES = 200
 # Is any operation unfinished? Without one a tick has nothing to claim, and
 # stops after this one statement instead of taking and releasing the runner
 # lock around an empty claim (three statements on a pooled connection).
-UNFINISHED_OPERATION_SQL = """
+UNFINISHED_OPERATION_SQL = Statement("""
     SELECT EXISTS (
         SELECT 1 FROM awa.batch_operations
         WHERE state IN ('pending', 'scanning', 'running', 'cancelling')
     )
-"""
-TRY_RUNNER_LOCK_SQL = "SELECT pg_try_advisory_lock($1)"
-RELEASE_RUNNER_LOCK_SQL = "SELECT pg_advisory_unlock($1)"
+""")
+TRY_RUNNER_LOCK_SQL = Statement("SELECT pg_try_advisory_lock(:lock_key)")
+RELEASE_RUNNER_LOCK_SQL = Statement("SELECT pg_advisory_unlock(:lock_key)")
+
+# The texts below that end in _TEMPLATE are completed by each engine's
+# batch_operations module at import (their slots placed) into the Statements
+# of its BatchOperationStorage; MATCHING_JOBS_TEMPLATE is the filter both scan
+# statements place as their {matching}.
 
 # Oldest unfinished operation first; strictly one at a time. The live engine
 # is re-checked ({engine_guard}) because items are applied straight to that
@@ -142,108 +148,108 @@ CLAIM_OPERATION_TEMPLATE = """
     UPDATE awa.batch_operations AS op
     SET state = CASE WHEN target.state = 'pending' THEN 'scanning' ELSE op.state END,
         started_at = COALESCE(op.started_at, clock_timestamp()),
-        runner_instance = $1,
+        runner_instance = :runner_instance,
         updated_at = clock_timestamp()
     FROM target
     WHERE op.id = target.id
     RETURNING op.id, op.op_kind, op.state, op.spec, op.filter
 """
 # The jobs a filter selects among {candidates}, a relation of every available
-# or scheduled job (id, kind, queue, state, tags, created_at). Binds:
-# $1 state, $2 kind, $3 queue, $4 tag, $5 ids, $6 created_at_gte,
-# $7 created_at_lt (each NULL when the filter leaves it open).
-MATCHING_JOBS_TEMPLATE = """
+# or scheduled job (id, kind, queue, state, tags, created_at). Its parameters
+# are the filter's fields, each NULL when the filter leaves it open.
+MATCHING_JOBS_TEMPLATE = Fragment("""
     SELECT job.id
     FROM ({candidates}) AS job
-    WHERE ($1::awa.job_state IS NULL OR job.state = $1::awa.job_state)
-      AND ($2::text IS NULL OR job.kind = $2::text)
-      AND ($3::text IS NULL OR job.queue = $3::text)
-      AND ($4::text IS NULL OR job.tags @> ARRAY[$4::text])
-      AND ($5::bigint[] IS NULL OR job.id = ANY($5::bigint[]))
-      AND ($6::timestamptz IS NULL OR job.created_at >= $6::timestamptz)
-      AND ($7::timestamptz IS NULL OR job.created_at < $7::timestamptz)
-"""
+    WHERE (:state::awa.job_state IS NULL OR job.state = :state::awa.job_state)
+      AND (:kind::text IS NULL OR job.kind = :kind::text)
+      AND (:queue::text IS NULL OR job.queue = :queue::text)
+      AND (:tag::text IS NULL OR job.tags @> ARRAY[:tag::text])
+      AND (:ids::bigint[] IS NULL OR job.id = ANY(:ids::bigint[]))
+      AND (:created_at_gte::timestamptz IS NULL OR job.created_at >= :created_at_gte::timestamptz)
+      AND (:created_at_lt::timestamptz IS NULL OR job.created_at < :created_at_lt::timestamptz)
+""")
 
 # The scan's upper bound and total_matched, from one snapshot.
 SCAN_BOUNDS_TEMPLATE = """
     SELECT COALESCE(max(matching.id), 0) AS max_job_id, count(*) AS total_matched
     FROM ({matching}) AS matching
 """
-# One page of the snapshot ($8 operation, ids in ($9, $10], $11 page size).
-# Also returns the operation's state so a cancel ends the scan early.
+# One page of the snapshot (ids in (:after_job_id, :max_job_id], at most
+# :page_size of them, for operation :operation_id). Also returns the
+# operation's state so a cancel ends the scan early.
 SCAN_PAGE_TEMPLATE = """
     WITH page AS (
         SELECT matching.id
         FROM ({matching}) AS matching
-        WHERE matching.id > $9 AND matching.id <= $10
+        WHERE matching.id > :after_job_id AND matching.id <= :max_job_id
         ORDER BY matching.id
-        LIMIT $11
+        LIMIT :page_size
     ), inserted AS (
         INSERT INTO awa.batch_operation_items (operation_id, job_id)
-        SELECT $8, page.id FROM page
+        SELECT :operation_id, page.id FROM page
         ON CONFLICT (operation_id, job_id) DO NOTHING
     )
     SELECT (SELECT max(page.id) FROM page) AS last_job_id,
            (SELECT count(*) FROM page) AS page_jobs,
-           (SELECT state FROM awa.batch_operations WHERE id = $8) AS operation_state
+           (SELECT state FROM awa.batch_operations WHERE id = :operation_id) AS operation_state
 """
 # The cursor is written once; the item states carry the progress.
-MARK_SCANNED_SQL = """
+MARK_SCANNED_SQL = Statement("""
     UPDATE awa.batch_operations
     SET state = 'running',
-        total_matched = $2,
-        cursor = $3,
+        total_matched = :total_matched,
+        cursor = :cursor,
         updated_at = clock_timestamp()
-    WHERE id = $1 AND state = 'scanning'
+    WHERE id = :operation_id AND state = 'scanning'
     RETURNING state
-"""
+""")
 
-OPERATION_STATE_SQL = "SELECT state FROM awa.batch_operations WHERE id = $1"
+OPERATION_STATE_SQL = Statement("SELECT state FROM awa.batch_operations WHERE id = :operation_id")
 
-PENDING_ITEMS_SQL = """
+PENDING_ITEMS_SQL = Statement("""
     SELECT job_id
     FROM awa.batch_operation_items
-    WHERE operation_id = $1 AND state = 'pending'
+    WHERE operation_id = :operation_id AND state = 'pending'
     ORDER BY job_id
-    LIMIT $2
-"""
+    LIMIT :limit
+""")
 
-HAS_PENDING_ITEMS_SQL = """
+HAS_PENDING_ITEMS_SQL = Statement("""
     SELECT EXISTS (
         SELECT 1 FROM awa.batch_operation_items
-        WHERE operation_id = $1 AND state = 'pending'
+        WHERE operation_id = :operation_id AND state = 'pending'
     )
-"""
+""")
 
 # The job's statement failed as a whole (nothing changed); record why.
-RECORD_ITEM_ERROR_SQL = """
+RECORD_ITEM_ERROR_SQL = Statement("""
     WITH item AS (
         UPDATE awa.batch_operation_items
-        SET state = 'errored', error = $3, processed_at = clock_timestamp()
-        WHERE operation_id = $1 AND job_id = $2 AND state = 'pending'
+        SET state = 'errored', error = :error, processed_at = clock_timestamp()
+        WHERE operation_id = :operation_id AND job_id = :job_id AND state = 'pending'
         RETURNING 1
     )
     UPDATE awa.batch_operations
     SET errored = errored + (SELECT count(*) FROM item),
-        last_error = $3,
+        last_error = :error,
         updated_at = clock_timestamp()
-    WHERE id = $1
+    WHERE id = :operation_id
     RETURNING state
-"""
+""")
 
-# Finish an operation: $2 is the intended final state, but a requested cancel
-# (seen under the row lock, so a concurrent cancel_batch_operation is either
-# seen here or refused by awa-pg afterwards) always ends `cancelled`, and an
-# operation that already finished is left alone. Items still pending are
-# skipped. $3 retention days, $4 error text or NULL.
-FINALIZE_OPERATION_SQL = """
+# Finish an operation: :state is the intended final state, but a requested
+# cancel (seen under the row lock, so a concurrent cancel_batch_operation is
+# either seen here or refused by awa-pg afterwards) always ends `cancelled`,
+# and an operation that already finished is left alone. Items still pending
+# are skipped. :retention_days, :last_error (error text or NULL).
+FINALIZE_OPERATION_SQL = Statement("""
     WITH target AS (
         SELECT id, state
         FROM awa.batch_operations
-        WHERE id = $1 AND state IN ('scanning', 'running', 'cancelling')
+        WHERE id = :operation_id AND state IN ('scanning', 'running', 'cancelling')
         FOR UPDATE
     ), decided AS (
-        SELECT id, CASE WHEN state = 'cancelling' THEN 'cancelled' ELSE $2::text END AS state
+        SELECT id, CASE WHEN state = 'cancelling' THEN 'cancelled' ELSE :state::text END AS state
         FROM target
     ), skipped AS (
         UPDATE awa.batch_operation_items AS item
@@ -257,14 +263,14 @@ FINALIZE_OPERATION_SQL = """
         skipped = op.skipped + (SELECT count(*) FROM skipped),
         finalized_at = COALESCE(op.finalized_at, clock_timestamp()),
         retention_until = COALESCE(
-            op.retention_until, clock_timestamp() + $3::bigint * interval '1 day'
+            op.retention_until, clock_timestamp() + :retention_days::bigint * interval '1 day'
         ),
-        last_error = COALESCE($4::text, op.last_error),
+        last_error = COALESCE(:last_error::text, op.last_error),
         updated_at = clock_timestamp()
     FROM decided
     WHERE op.id = decided.id
     RETURNING op.state, (SELECT count(*) FROM skipped) AS skipped_now
-"""
+""")
 
 
 class InvalidBatchOperation(ValueError):
@@ -275,10 +281,12 @@ class InvalidBatchOperation(ValueError):
 class OperationPlan:
     """What a decoded operation does: the per-item statement and its binds."""
 
-    apply_sql: str
-    apply_args: tuple[Any, ...]
-    #: The seven filter binds of MATCHING_JOBS_TEMPLATE, in order.
-    filter_args: tuple[Any, ...]
+    apply_sql: Statement
+    #: The spec's values by name: ``priority`` (set_priority), ``queue`` and
+    #: ``priority`` (move_queue).
+    apply_args: dict[str, Any]
+    #: The parameters of MATCHING_JOBS_TEMPLATE by name.
+    filter_args: dict[str, Any]
     op_kind: str = ""
 
 
@@ -294,13 +302,18 @@ class BatchOperationStorage:
     (the queue-storage engine builds its own in
     :mod:`awa_trio.engines.queue_storage.batch_operations`)."""
 
-    claim_operation_sql: str
-    scan_bounds_sql: str
-    scan_page_sql: str
+    #: CLAIM_OPERATION_TEMPLATE, SCAN_BOUNDS_TEMPLATE and SCAN_PAGE_TEMPLATE
+    #: with the engine's slots placed.
+    claim_operation_sql: Statement
+    scan_bounds_sql: Statement
+    scan_page_sql: Statement
     #: Per-item statements a decoded plan carries as ``apply_sql``.
-    set_priority_sql: str
-    move_queue_sql: str
+    set_priority_sql: Statement
+    move_queue_sql: Statement
     apply_job: ApplyJob
+    #: The queue-storage schema the runner binds the scan statements with
+    #: (None when they have no ``{schema}``; the claim never has one).
+    schema: str | None = None
 
 
 @dataclasses.dataclass
@@ -331,12 +344,12 @@ async def run_batch_operations(
     scan_page_size: int = SCAN_PAGE_SIZE,
 ) -> BatchOperationsResult:
     """One tick of the runner against ``storage``'s tables."""
-    if not await ctx.db.fetchval(UNFINISHED_OPERATION_SQL):
+    if not await ctx.db.fetchval(*UNFINISHED_OPERATION_SQL.bind()):
         return BatchOperationsResult()
     runner_instance = uuid.uuid4()
     # A session lock: behind a transaction-mode pooler, on a direct session.
     async with ctx.db.acquire_session() as conn:
-        if not await conn.fetchval(TRY_RUNNER_LOCK_SQL, RUNNER_LOCK_KEY):
+        if not await conn.fetchval(*TRY_RUNNER_LOCK_SQL.bind(lock_key=RUNNER_LOCK_KEY)):
             log.debug("%s: runner lock held by another runner; skipping this tick", NAME)
             return BatchOperationsResult(runner_lock_busy=True)
         try:
@@ -366,7 +379,7 @@ async def release_runner_lock(conn: Connection) -> None:
     connection releases it."""
     with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
         try:
-            await conn.fetchval(RELEASE_RUNNER_LOCK_SQL, RUNNER_LOCK_KEY)
+            await conn.fetchval(*RELEASE_RUNNER_LOCK_SQL.bind(lock_key=RUNNER_LOCK_KEY))
         except DatabaseError as exc:
             log.debug("%s: releasing the runner lock failed: %s", NAME, exc)
 
@@ -380,7 +393,7 @@ async def run_locked_chunk(
 ) -> BatchOperationsResult:
     """Steps 2-6 of the module docstring, under the runner lock."""
     result = BatchOperationsResult(runner_instance=runner_instance)
-    row = await conn.fetchrow(storage.claim_operation_sql, runner_instance)
+    row = await conn.fetchrow(*storage.claim_operation_sql.bind(runner_instance=runner_instance))
     if row is None:
         return result
     result.claimed = True
@@ -399,7 +412,9 @@ async def run_locked_chunk(
             state = await scan_operation(conn, result, plan, scan_page_size, storage)
         if state == "running":
             state = await apply_chunk(conn, result, plan, chunk_size, storage)
-            if state == "running" and await conn.fetchval(HAS_PENDING_ITEMS_SQL, result.operation_id):
+            if state == "running" and await conn.fetchval(
+                *HAS_PENDING_ITEMS_SQL.bind(operation_id=result.operation_id)
+            ):
                 return result
 
     if state == "cancelling":
@@ -420,12 +435,19 @@ async def scan_operation(
     (``running`` once the snapshot is complete, ``cancelling`` if a cancel
     arrived first)."""
     operation_id = result.operation_id
-    bounds = await conn.fetchone(storage.scan_bounds_sql, *plan.filter_args)
+    bounds = await conn.fetchone(*storage.scan_bounds_sql.bind(storage.schema, **plan.filter_args))
     max_job_id = bounds["max_job_id"]
     after_job_id = 0
     while after_job_id < max_job_id:
         page = await conn.fetchone(
-            storage.scan_page_sql, *plan.filter_args, operation_id, after_job_id, max_job_id, page_size
+            *storage.scan_page_sql.bind(
+                storage.schema,
+                **plan.filter_args,
+                operation_id=operation_id,
+                after_job_id=after_job_id,
+                max_job_id=max_job_id,
+                page_size=page_size,
+            )
         )
         if page["last_job_id"] is None:
             break
@@ -435,9 +457,13 @@ async def scan_operation(
             scan_stopped_by: str = page["operation_state"]
             return scan_stopped_by
     cursor = {"after_job_id": 0, "max_job_id": max_job_id}
-    state: str | None = await conn.fetchval(MARK_SCANNED_SQL, operation_id, bounds["total_matched"], cursor)
+    state: str | None = await conn.fetchval(
+        *MARK_SCANNED_SQL.bind(
+            operation_id=operation_id, total_matched=bounds["total_matched"], cursor=cursor
+        )
+    )
     if state is None:
-        state = await conn.fetchval(OPERATION_STATE_SQL, operation_id)
+        state = await conn.fetchval(*OPERATION_STATE_SQL.bind(operation_id=operation_id))
     return state
 
 
@@ -450,7 +476,7 @@ async def apply_chunk(
 ) -> str | None:
     """Apply up to chunk_size pending items, stopping at a cancel; returns
     the operation state after the last one."""
-    rows = await conn.fetch(PENDING_ITEMS_SQL, result.operation_id, chunk_size)
+    rows = await conn.fetch(*PENDING_ITEMS_SQL.bind(operation_id=result.operation_id, limit=chunk_size))
     state: str | None = "running"
     for row in rows:
         state = await apply_item(conn, result, plan, row["job_id"], storage)
@@ -478,7 +504,7 @@ async def apply_item(
         log.warning("%s: operation %s: %s", NAME, operation_id, message)
         result.errored += 1
         state_after_error: str | None = await conn.fetchval(
-            RECORD_ITEM_ERROR_SQL, operation_id, job_id, message
+            *RECORD_ITEM_ERROR_SQL.bind(operation_id=operation_id, job_id=job_id, error=message)
         )
         return state_after_error
     if row["outcome"] == "processed":
@@ -498,7 +524,12 @@ async def finalize_operation(
 ) -> None:
     """End the operation as ``state`` (a requested cancel wins)."""
     row = await conn.fetchrow(
-        FINALIZE_OPERATION_SQL, result.operation_id, state, retention_days(), last_error
+        *FINALIZE_OPERATION_SQL.bind(
+            operation_id=result.operation_id,
+            state=state,
+            retention_days=retention_days(),
+            last_error=last_error,
+        )
     )
     if row is not None:
         result.finalized_state = row["state"]
@@ -519,20 +550,20 @@ def retention_days() -> int:
 def decode_operation(spec: Any, job_filter: Any, storage: BatchOperationStorage) -> OperationPlan:
     """Read a stored spec and filter as awa's serde types would, with the
     same validation as awa-pg's submit; raise InvalidBatchOperation otherwise.
-    ``apply_args``: ``(priority,)`` for set_priority, ``(queue, priority or
-    None)`` for move_queue."""
+    ``apply_args``: ``priority`` for set_priority, ``queue`` and ``priority``
+    (or None) for move_queue."""
     if not isinstance(spec, dict):
         raise InvalidBatchOperation("spec must be a JSON object")
     op_kind = spec.get("op_kind")
     if op_kind == OP_SET_PRIORITY:
         plan_sql = storage.set_priority_sql
-        apply_args: tuple[Any, ...] = (_priority(spec.get("priority"), required=True),)
+        apply_args: dict[str, Any] = {"priority": _priority(spec.get("priority"), required=True)}
     elif op_kind == OP_MOVE_QUEUE:
         queue = spec.get("queue")
         if not isinstance(queue, str) or not 0 < len(queue.encode()) <= MAX_QUEUE_NAME_BYTES:
             raise InvalidBatchOperation("destination queue must be 1..=200 characters")
         plan_sql = storage.move_queue_sql
-        apply_args = (queue, _priority(spec.get("priority"), required=False))
+        apply_args = {"queue": queue, "priority": _priority(spec.get("priority"), required=False)}
     else:
         raise InvalidBatchOperation(f"unknown batch operation kind: {op_kind!r}")
     return OperationPlan(plan_sql, apply_args, _filter_args(op_kind, job_filter), op_kind)
@@ -546,7 +577,7 @@ def _priority(value: Any, *, required: bool) -> int | None:
     return value
 
 
-def _filter_args(op_kind: str, job_filter: Any) -> tuple[Any, ...]:
+def _filter_args(op_kind: str, job_filter: Any) -> dict[str, Any]:
     if job_filter is None:
         job_filter = {}
     if not isinstance(job_filter, dict):
@@ -579,12 +610,12 @@ def _filter_args(op_kind: str, job_filter: Any) -> tuple[Any, ...]:
         or not all(isinstance(i, int) and not isinstance(i, bool) and -(2**63) <= i < 2**63 for i in ids)
     ):
         raise InvalidBatchOperation("filter.ids must be a list of job ids")
-    return (
-        state,
-        text("kind"),
-        text("queue"),
-        text("tag"),
-        ids,
-        timestamp("created_at_gte"),
-        timestamp("created_at_lt"),
-    )
+    return {
+        "state": state,
+        "kind": text("kind"),
+        "queue": text("queue"),
+        "tag": text("tag"),
+        "ids": ids,
+        "created_at_gte": timestamp("created_at_gte"),
+        "created_at_lt": timestamp("created_at_lt"),
+    }

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from ...context import MaintenanceContext
@@ -81,6 +82,7 @@ from ...maintenance.batch_operations import (
     BatchOperationStorage,
     OperationPlan,
 )
+from ...sql import Fragment, Statement
 from .layout import schema_name
 
 __all__ = ["NAME", "run_once", "storage_for"]
@@ -115,64 +117,62 @@ CANDIDATES_SQL = """
 """
 
 # The payload with its metadata stamped. {payload}, {queue}, {priority}: the
-# job's current values; {stamp_queue} / {stamp_priority}: conditions. Filled
-# in first, then the statement's {schema}, hence the doubled braces.
-_STAMPED_PAYLOAD = """
+# job's current values; {stamp_queue} / {stamp_priority}: conditions.
+_STAMPED_PAYLOAD = Fragment("""
     jsonb_set(
-        COALESCE({payload}, '{{{{"metadata": {{{{}}}}, "tags": [], "errors": [], "progress": null}}}}'),
-        '{{{{metadata}}}}',
-        COALESCE(NULLIF({payload} -> 'metadata', 'null'), '{{{{}}}}')
+        COALESCE({payload}, '{"metadata": {}, "tags": [], "errors": [], "progress": null}'),
+        '{metadata}',
+        COALESCE(NULLIF({payload} -> 'metadata', 'null'), '{}')
             || CASE WHEN {stamp_queue}
-                     AND NOT COALESCE(NULLIF({payload} -> 'metadata', 'null'), '{{{{}}}}')
+                     AND NOT COALESCE(NULLIF({payload} -> 'metadata', 'null'), '{}')
                              ? '_awa_original_queue'
                     THEN jsonb_build_object('_awa_original_queue', {queue})
-                    ELSE '{{{{}}}}' END
+                    ELSE '{}' END
             || CASE WHEN {stamp_priority}
-                     AND NOT COALESCE(NULLIF({payload} -> 'metadata', 'null'), '{{{{}}}}')
+                     AND NOT COALESCE(NULLIF({payload} -> 'metadata', 'null'), '{}')
                              ? '_awa_original_priority'
                     THEN jsonb_build_object('_awa_original_priority', {priority})
-                    ELSE '{{{{}}}}' END,
+                    ELSE '{}' END,
         true
     )
-"""
+""")
 
-# A scheduled job, in place. $1 job, $2 queue or NULL (keep), $3 priority or
-# NULL (keep), $4 stamp the original queue.
-UPDATE_SCHEDULED_SQL = (
+# A scheduled job, in place: :job_id, :queue or NULL (keep), :priority or
+# NULL (keep), :stamp_queue (stamp the original queue).
+UPDATE_SCHEDULED_SQL = Statement(
     """
     UPDATE {schema}.deferred_jobs AS job
-    SET queue = COALESCE($2::text, job.queue),
-        priority = COALESCE($3::smallint, job.priority),
-        payload = """
-    + _STAMPED_PAYLOAD.format(
+    SET queue = COALESCE(:queue::text, job.queue),
+        priority = COALESCE(:priority::smallint, job.priority),
+        payload = {stamped_payload}
+    WHERE job.job_id = :job_id
+      AND job.state = 'scheduled'
+      AND (job.queue <> COALESCE(:queue::text, job.queue)
+           OR job.priority <> COALESCE(:priority::smallint, job.priority))
+    RETURNING job.job_id
+""",
+    stamped_payload=_STAMPED_PAYLOAD(
         payload="job.payload",
         queue="job.queue",
         priority="job.priority",
-        stamp_queue="$4::boolean",
-        stamp_priority="$3::smallint IS NOT NULL",
-    )
-    + """
-    WHERE job.job_id = $1
-      AND job.state = 'scheduled'
-      AND (job.queue <> COALESCE($2::text, job.queue)
-           OR job.priority <> COALESCE($3::smallint, job.priority))
-    RETURNING job.job_id
-"""
+        stamp_queue=":stamp_queue::boolean",
+        stamp_priority=":priority::smallint IS NOT NULL",
+    ),
 )
 
-# Hold the claim heads of every lane with an entry of job $1, so no claimer
+# Hold the claim heads of every lane with an entry of job :job_id, so no claimer
 # takes the entry while it is tombstoned and re-entered. The lanes are chosen
 # with this statement's snapshot, before the wait: LIVE_READY_ENTRY_SQL's
 # lane is checked against them afterwards.
-LOCK_SOURCE_LANES_SQL = """
+LOCK_SOURCE_LANES_SQL = Statement("""
     SELECT claims.queue, claims.priority, claims.enqueue_shard
     FROM {schema}.queue_claim_heads AS claims
     WHERE (claims.queue, claims.priority, claims.enqueue_shard) IN (
-        SELECT queue, priority, enqueue_shard FROM {schema}.ready_entries WHERE job_id = $1
+        SELECT queue, priority, enqueue_shard FROM {schema}.ready_entries WHERE job_id = :job_id
     )
     ORDER BY claims.queue, claims.priority, claims.enqueue_shard
     FOR UPDATE OF claims
-"""
+""")
 
 # Evidence that the attempt of ready entry ``ready`` was already claimed,
 # as claim_ready_runtime reads it for a lane's head: a tombstone, a compact
@@ -222,9 +222,9 @@ _ATTEMPT_SPENT = """(
                WHERE later.job_id = ready.job_id AND later.run_lease = ready.run_lease + 1)
 )"""
 
-# Job $1's live ready entry (read after its lane's head is held, in a
+# Job :job_id's live ready entry (read after its lane's head is held, in a
 # statement of its own, so it sees every claim committed before the lock).
-LIVE_READY_ENTRY_SQL = (
+LIVE_READY_ENTRY_SQL = Statement(
     """
     SELECT ready.ready_slot, ready.ready_generation, ready.queue, ready.priority,
            ready.enqueue_shard, ready.lane_seq
@@ -233,68 +233,68 @@ LIVE_READY_ENTRY_SQL = (
       ON claims.queue = ready.queue
      AND claims.priority = ready.priority
      AND claims.enqueue_shard = ready.enqueue_shard
-    WHERE ready.job_id = $1
+    WHERE ready.job_id = :job_id
       AND ready.lane_seq >= {schema}.sequence_next_value(claims.seq_name)
-      AND NOT """
-    + _ATTEMPT_SPENT
-    + """
+      AND NOT {attempt_spent}
     ORDER BY ready.lane_seq DESC
     LIMIT 1
     FOR UPDATE OF ready
-"""
+""",
+    attempt_spent=_ATTEMPT_SPENT,
 )
 
-ENQUEUE_SHARDS_SQL = """
-    SELECT COALESCE(max(enqueue_shards), 1)::int FROM awa.queue_meta WHERE queue = $1
-"""
+ENQUEUE_SHARDS_SQL = Statement("""
+    SELECT COALESCE(max(enqueue_shards), 1)::int FROM awa.queue_meta WHERE queue = :queue
+""")
 
 # Same lane lock key as upstream's lane creation.
-LANE_LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
+LANE_LOCK_SQL = Statement("SELECT pg_advisory_xact_lock(hashtextextended(:lock_key, 0))")
 
-# Tombstone the old entry ($1-$7) and make sure the target lane ($8 queue,
-# $9 priority, $10 shard) exists. ``tombstoned`` is 0 when another
+# Tombstone the old entry (OLD_ENTRY_COLUMNS, :job_id) and make sure the
+# target lane (:queue, :priority, :shard) exists. ``tombstoned`` is 0 when another
 # transaction (awa-pg's cancel, move or priority aging) tombstoned the entry
 # first: LIVE_READY_ENTRY_SQL may have waited for that transaction's row
 # lock, and a row that was locked but not updated is not re-checked, so its
 # answer predates that tombstone; the insert's conflict check does not.
-TOMBSTONE_AND_ENSURE_LANE_SQL = """
+TOMBSTONE_AND_ENSURE_LANE_SQL = Statement("""
     WITH tombstone AS (
         INSERT INTO {schema}.ready_tombstones (
             ready_slot, ready_generation, queue, priority, enqueue_shard, lane_seq, job_id
         )
-        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        VALUES (:ready_slot, :ready_generation, :old_queue, :old_priority, :old_shard, :lane_seq, :job_id)
         ON CONFLICT DO NOTHING
         RETURNING 1
     ), lane AS (
         INSERT INTO {schema}.queue_lanes (queue, priority)
-        VALUES ($8, $9)
+        VALUES (:queue, :priority)
         ON CONFLICT DO NOTHING
     ), enqueue_head AS (
         INSERT INTO {schema}.queue_enqueue_heads (queue, priority, enqueue_shard)
-        VALUES ($8, $9, $10)
+        VALUES (:queue, :priority, :shard)
         ON CONFLICT DO NOTHING
     ), claim_head AS (
         INSERT INTO {schema}.queue_claim_heads (queue, priority, enqueue_shard)
-        VALUES ($8, $9, $10)
+        VALUES (:queue, :priority, :shard)
         ON CONFLICT DO NOTHING
     )
     SELECT count(*) AS tombstoned FROM tombstone
-"""
+""")
 
-ENSURE_LANE_SEQUENCES_SQL = "SELECT {schema}.ensure_lane_sequences($1, $2, $3)"
+ENSURE_LANE_SEQUENCES_SQL = Statement("SELECT {schema}.ensure_lane_sequences(:queue, :priority, :shard)")
 
-# A lane position at the tail of lane ($1 queue, $2 priority, $3 shard):
+# A lane position at the tail of lane (:queue, :priority, :shard):
 # reserve_enqueue_seq takes the lane's lock until commit, waiting for any
 # producer that holds it. A statement of its own, so that REENTER_READY_SQL
 # reads the ring with the lock held (the lane-order invariant in
 # queue_storage/promote.py: a ring read in the statement that waits would
 # see the ring as it was before the wait).
-RESERVE_POSITION_SQL = "SELECT {schema}.reserve_enqueue_seq($1, $2, $3, 1)"
+RESERVE_POSITION_SQL = Statement("SELECT {schema}.reserve_enqueue_seq(:queue, :priority, :shard, 1)")
 
-# Re-enter the old entry ($1-$6) at position $12 of lane ($7 queue, $8
-# priority, $9 shard) in the live ring slot; $10 / $11 stamp the original
-# queue / priority. One NOTIFY wakes the target queue's workers.
-REENTER_READY_SQL = (
+# Re-enter the old entry (OLD_ENTRY_COLUMNS) at position :lane_position of
+# lane (:queue, :priority, :shard) in the live ring slot; :stamp_queue /
+# :stamp_priority stamp the original queue / priority. One NOTIFY wakes the
+# target queue's workers.
+REENTER_READY_SQL = Statement(
     """
     WITH ring AS (
         SELECT current_slot, generation FROM {schema}.queue_ring_state WHERE singleton
@@ -304,21 +304,13 @@ REENTER_READY_SQL = (
             run_lease, max_attempts, lane_seq, enqueue_shard, run_at, attempted_at,
             created_at, unique_key, unique_states, payload
         )
-        SELECT ring.current_slot, ring.generation, old.job_id, old.kind, $7, old.args, $8,
-               old.attempt, old.run_lease, old.max_attempts, $12::bigint, $9, old.run_at,
+        SELECT ring.current_slot, ring.generation, old.job_id, old.kind, :queue, old.args, :priority,
+               old.attempt, old.run_lease, old.max_attempts, :lane_position::bigint, :shard, old.run_at,
                old.attempted_at, old.created_at, old.unique_key, old.unique_states,
-               """
-    + _STAMPED_PAYLOAD.format(
-        payload="old.payload",
-        queue="old.queue",
-        priority="old.priority",
-        stamp_queue="$10::boolean",
-        stamp_priority="$11::boolean",
-    )
-    + """
+               {stamped_payload}
         FROM ring, {schema}.ready_entries AS old
-        WHERE old.ready_slot = $1 AND old.ready_generation = $2 AND old.queue = $3
-          AND old.priority = $4 AND old.enqueue_shard = $5 AND old.lane_seq = $6
+        WHERE old.ready_slot = :ready_slot AND old.ready_generation = :ready_generation AND old.queue = :old_queue
+          AND old.priority = :old_priority AND old.enqueue_shard = :old_shard AND old.lane_seq = :lane_seq
         RETURNING ready_slot, ready_generation, queue, priority, enqueue_shard, lane_seq, run_at
     ), segment AS (
         INSERT INTO {schema}.ready_segments (
@@ -330,43 +322,58 @@ REENTER_READY_SQL = (
         FROM moved
         ON CONFLICT DO NOTHING
     )
-    SELECT count(*) AS moved, pg_notify('awa:' || $7, '') AS notified
+    SELECT count(*) AS moved, pg_notify('awa:' || :queue, '') AS notified
     FROM moved
-"""
+""",
+    stamped_payload=_STAMPED_PAYLOAD(
+        payload="old.payload",
+        queue="old.queue",
+        priority="old.priority",
+        stamp_queue=":stamp_queue::boolean",
+        stamp_priority=":stamp_priority::boolean",
+    ),
 )
 
-OPERATION_STATE_SQL = "SELECT state FROM awa.batch_operations WHERE id = $1"
+#: The old entry's key, as TOMBSTONE_AND_ENSURE_LANE_SQL and REENTER_READY_SQL
+#: name it: parameter name -> column of LIVE_READY_ENTRY_SQL's row.
+OLD_ENTRY_COLUMNS = {
+    "ready_slot": "ready_slot",
+    "ready_generation": "ready_generation",
+    "old_queue": "queue",
+    "old_priority": "priority",
+    "old_shard": "enqueue_shard",
+    "lane_seq": "lane_seq",
+}
 
-# The item's outcome ($3) and the operation's counters, as on canonical.
-RECORD_OUTCOME_SQL = """
+OPERATION_STATE_SQL = Statement("SELECT state FROM awa.batch_operations WHERE id = :operation_id")
+
+# The item's :outcome and the operation's counters, as on canonical.
+RECORD_OUTCOME_SQL = Statement("""
     WITH item AS (
         UPDATE awa.batch_operation_items
-        SET state = $3, error = NULL, processed_at = clock_timestamp()
-        WHERE operation_id = $1 AND job_id = $2 AND state = 'pending'
+        SET state = :outcome, error = NULL, processed_at = clock_timestamp()
+        WHERE operation_id = :operation_id AND job_id = :job_id AND state = 'pending'
         RETURNING state
     )
     UPDATE awa.batch_operations AS op
     SET processed = op.processed + (SELECT count(*) FROM item WHERE state = 'processed'),
         skipped = op.skipped + (SELECT count(*) FROM item WHERE state = 'skipped'),
         updated_at = clock_timestamp()
-    WHERE op.id = $1
+    WHERE op.id = :operation_id
     RETURNING op.state AS operation_state
-"""
+""")
+
+# The runner's statements for this engine ({schema} filled by the runner,
+# from BatchOperationStorage.schema).
+_MATCHING_JOBS = MATCHING_JOBS_TEMPLATE(candidates=CANDIDATES_SQL)
+CLAIM_OPERATION_SQL = Statement(CLAIM_OPERATION_TEMPLATE, engine_guard=ENGINE_GUARD)
+SCAN_BOUNDS_SQL = Statement(SCAN_BOUNDS_TEMPLATE, matching=_MATCHING_JOBS)
+SCAN_PAGE_SQL = Statement(SCAN_PAGE_TEMPLATE, matching=_MATCHING_JOBS)
 
 
 @functools.lru_cache(maxsize=8)
 def storage_for(schema: str) -> BatchOperationStorage:
     """The runner's statements for queue storage in ``schema``."""
-    matching = MATCHING_JOBS_TEMPLATE.format(candidates=CANDIDATES_SQL.format(schema=schema))
-    update_scheduled = UPDATE_SCHEDULED_SQL.format(schema=schema)
-    statements = {
-        "lock_source_lanes": LOCK_SOURCE_LANES_SQL.format(schema=schema),
-        "live_ready_entry": LIVE_READY_ENTRY_SQL.format(schema=schema),
-        "tombstone_and_ensure_lane": TOMBSTONE_AND_ENSURE_LANE_SQL.format(schema=schema),
-        "ensure_lane_sequences": ENSURE_LANE_SEQUENCES_SQL.format(schema=schema),
-        "reserve_position": RESERVE_POSITION_SQL.format(schema=schema),
-        "reenter_ready": REENTER_READY_SQL.format(schema=schema),
-    }
 
     async def apply_job(
         conn: Connection, plan: OperationPlan, operation_id: uuid.UUID, job_id: int
@@ -374,44 +381,55 @@ def storage_for(schema: str) -> BatchOperationStorage:
         queue, priority = _targets(plan)
         async with conn.transaction():
             outcome = "skipped"
-            if await conn.fetchval(OPERATION_STATE_SQL, operation_id) == "running":
-                changed = await conn.fetchval(plan.apply_sql, job_id, queue, priority, queue is not None)
+            if await conn.fetchval(*OPERATION_STATE_SQL.bind(operation_id=operation_id)) == "running":
+                changed = await conn.fetchval(
+                    *plan.apply_sql.bind(
+                        schema, job_id=job_id, queue=queue, priority=priority, stamp_queue=queue is not None
+                    )
+                )
                 if changed is None:
-                    changed = await _reenter_available(conn, schema, statements, job_id, queue, priority)
+                    changed = await _reenter_available(conn, schema, job_id, queue, priority)
                 if changed:
                     outcome = "processed"
-            state = await conn.fetchval(RECORD_OUTCOME_SQL, operation_id, job_id, outcome)
+            state = await conn.fetchval(
+                *RECORD_OUTCOME_SQL.bind(operation_id=operation_id, job_id=job_id, outcome=outcome)
+            )
         return {"outcome": outcome, "operation_state": state}
 
     return BatchOperationStorage(
-        claim_operation_sql=CLAIM_OPERATION_TEMPLATE.format(engine_guard=ENGINE_GUARD),
-        scan_bounds_sql=SCAN_BOUNDS_TEMPLATE.format(matching=matching),
-        scan_page_sql=SCAN_PAGE_TEMPLATE.format(matching=matching),
-        set_priority_sql=update_scheduled,
-        move_queue_sql=update_scheduled,
+        claim_operation_sql=CLAIM_OPERATION_SQL,
+        scan_bounds_sql=SCAN_BOUNDS_SQL,
+        scan_page_sql=SCAN_PAGE_SQL,
+        set_priority_sql=UPDATE_SCHEDULED_SQL,
+        move_queue_sql=UPDATE_SCHEDULED_SQL,
         apply_job=apply_job,
+        schema=schema,
     )
 
 
 def _targets(plan: OperationPlan) -> tuple[str | None, int | None]:
     """(queue or None to keep, priority or None to keep)."""
     if plan.op_kind == OP_SET_PRIORITY:
-        return None, plan.apply_args[0]
-    return plan.apply_args[0], plan.apply_args[1]
+        return None, plan.apply_args["priority"]
+    return plan.apply_args["queue"], plan.apply_args["priority"]
+
+
+def _old_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters OLD_ENTRY_COLUMNS names, from LIVE_READY_ENTRY_SQL's row."""
+    return {parameter: entry[column] for parameter, column in OLD_ENTRY_COLUMNS.items()}
 
 
 async def _reenter_available(
     conn: Connection,
     schema: str,
-    sql: dict[str, str],
     job_id: int,
     queue: str | None,
     priority: int | None,
 ) -> bool:
     """Move an available job to the tail of its target lane; False when it
     is not available (any more) or already there."""
-    locked = {tuple(row) for row in await conn.fetch(sql["lock_source_lanes"], job_id)}
-    entry = await conn.fetchrow(sql["live_ready_entry"], job_id)
+    locked = {tuple(row) for row in await conn.fetch(*LOCK_SOURCE_LANES_SQL.bind(schema, job_id=job_id))}
+    entry = await conn.fetchrow(*LIVE_READY_ENTRY_SQL.bind(schema, job_id=job_id))
     if entry is None:
         return False
     if (entry["queue"], entry["priority"], entry["enqueue_shard"]) not in locked:
@@ -423,33 +441,27 @@ async def _reenter_available(
     target_priority = priority if priority is not None else entry["priority"]
     if (target_queue, target_priority) == (entry["queue"], entry["priority"]):
         return False
-    shards = await conn.fetchval(ENQUEUE_SHARDS_SQL, target_queue)
+    shards = await conn.fetchval(*ENQUEUE_SHARDS_SQL.bind(queue=target_queue))
     shard = conn.backend_pid % shards if shards > 1 else 0
-    old_key = (
-        entry["ready_slot"],
-        entry["ready_generation"],
-        entry["queue"],
-        entry["priority"],
-        entry["enqueue_shard"],
-        entry["lane_seq"],
-    )
-    await conn.execute(LANE_LOCK_SQL, f"{schema}:{target_queue}:{target_priority}:{shard}")
+    old_entry = _old_entry(entry)
+    lane = {"queue": target_queue, "priority": target_priority, "shard": shard}
+    await conn.execute(*LANE_LOCK_SQL.bind(lock_key=f"{schema}:{target_queue}:{target_priority}:{shard}"))
     tombstoned = await conn.fetchval(
-        sql["tombstone_and_ensure_lane"], *old_key, job_id, target_queue, target_priority, shard
+        *TOMBSTONE_AND_ENSURE_LANE_SQL.bind(schema, **old_entry, job_id=job_id, **lane)
     )
     if not tombstoned:
         return False
-    await conn.execute(sql["ensure_lane_sequences"], target_queue, target_priority, shard)
-    position = await conn.fetchval(sql["reserve_position"], target_queue, target_priority, shard)
+    await conn.execute(*ENSURE_LANE_SEQUENCES_SQL.bind(schema, **lane))
+    position = await conn.fetchval(*RESERVE_POSITION_SQL.bind(schema, **lane))
     row = await conn.fetchone(
-        sql["reenter_ready"],
-        *old_key,
-        target_queue,
-        target_priority,
-        shard,
-        queue is not None,
-        priority is not None,
-        position,
+        *REENTER_READY_SQL.bind(
+            schema,
+            **old_entry,
+            **lane,
+            stamp_queue=queue is not None,
+            stamp_priority=priority is not None,
+            lane_position=position,
+        )
     )
     return bool(row["moved"] == 1)
 

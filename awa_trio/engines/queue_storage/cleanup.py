@@ -36,6 +36,7 @@ take, which the purge skips. The purge touches no ring table.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from ...context import MaintenanceContext
 from ...db import QueryError, describe_error, rows_affected
@@ -45,41 +46,43 @@ from ...maintenance.cleanup import (
     run_cleanup,
 )
 from ...maintenance.drain import BatchOutcome, DrainBudget, drain
+from ...sql import Statement
 from .layout import schema_name
 
 log = logging.getLogger(__name__)
 
 __all__ = ["NAME", "purge_expired_dlq", "run_once"]
 
-# $1 retention (s), $2 batch size, $3 queues that have their own DLQ
-# retention (`queue <> ALL('{}')` is true, so with none every queue counts).
-# No ORDER BY: the global pass has no index on dlq_at alone, and sorting the
-# whole expired set for every batch would make a large drain quadratic.
-PURGE_EXPIRED_DLQ_SQL = """
+# :retention (s), :batch_size, :override_queues: the queues that have their
+# own DLQ retention (`queue <> ALL('{}')` is true, so with none every queue
+# counts). No ORDER BY: the global pass has no index on dlq_at alone, and
+# sorting the whole expired set for every batch would make a large drain
+# quadratic.
+PURGE_EXPIRED_DLQ_SQL = Statement("""
     DELETE FROM {schema}.dlq_entries
     WHERE job_id IN (
         SELECT job_id
         FROM {schema}.dlq_entries
-        WHERE dlq_at < now() - make_interval(secs => $1)
-          AND queue <> ALL($3::text[])
-        LIMIT $2
+        WHERE dlq_at < now() - make_interval(secs => :retention)
+          AND queue <> ALL(:override_queues::text[])
+        LIMIT :batch_size
         FOR UPDATE SKIP LOCKED
     )
-"""
+""")
 
-# One override queue ($3), oldest first along idx_awa_dlq_queue_time.
-PURGE_EXPIRED_QUEUE_DLQ_SQL = """
+# One override queue (:queue), oldest first along idx_awa_dlq_queue_time.
+PURGE_EXPIRED_QUEUE_DLQ_SQL = Statement("""
     DELETE FROM {schema}.dlq_entries
     WHERE job_id IN (
         SELECT job_id
         FROM {schema}.dlq_entries
-        WHERE queue = $3
-          AND dlq_at < now() - make_interval(secs => $1)
+        WHERE queue = :queue
+          AND dlq_at < now() - make_interval(secs => :retention)
         ORDER BY dlq_at
-        LIMIT $2
+        LIMIT :batch_size
         FOR UPDATE SKIP LOCKED
     )
-"""
+""")
 
 
 async def run_once(ctx: MaintenanceContext) -> CleanupResult:
@@ -88,7 +91,6 @@ async def run_once(ctx: MaintenanceContext) -> CleanupResult:
 
 async def purge_expired_dlq(ctx: MaintenanceContext, result: CleanupResult, budget: DrainBudget) -> None:
     config = ctx.config
-    schema = schema_name(ctx)
     override_queues = sorted(
         queue for queue, policy in config.queue_retention_overrides.items() if policy.dlq is not None
     )
@@ -98,9 +100,9 @@ async def purge_expired_dlq(ctx: MaintenanceContext, result: CleanupResult, budg
         result,
         budget,
         None,
-        PURGE_EXPIRED_DLQ_SQL.format(schema=schema),
+        PURGE_EXPIRED_DLQ_SQL,
         config.dlq_retention,
-        override_queues,
+        {"override_queues": override_queues},
     )
     if result.dlq_purged:
         log.info("%s: purged %d dead-lettered jobs past retention", NAME, result.dlq_purged)
@@ -109,7 +111,7 @@ async def purge_expired_dlq(ctx: MaintenanceContext, result: CleanupResult, budg
         retention = config.queue_retention_overrides[queue].dlq
         assert retention is not None  # override_queues holds only queues with one
         purged = await purge_pass(
-            ctx, result, budget, queue, PURGE_EXPIRED_QUEUE_DLQ_SQL.format(schema=schema), retention, queue
+            ctx, result, budget, queue, PURGE_EXPIRED_QUEUE_DLQ_SQL, retention, {"queue": queue}
         )
         result.dlq_purged_by_queue[queue] = purged
         if purged:
@@ -121,20 +123,24 @@ async def purge_pass(
     result: CleanupResult,
     budget: DrainBudget,
     queue: str | None,
-    sql: str,
+    statement: Statement,
     retention: float,
-    scope: object,
+    scope: dict[str, Any],
 ) -> int:
     """One pass's batches, drained (resting between full ones) until one
     comes back short or the budget is spent; returns the rows deleted. A
     rejected statement ends the pass (logged, recorded); ConnectionLost and
-    cancellation propagate. Each batch is counted in awa.job.dlq_purged at once."""
+    cancellation propagate. Each batch is counted in awa.job.dlq_purged at once.
+    ``scope``: the statement's parameters besides retention and batch size."""
     batch_size = ctx.config.dlq_cleanup_batch_size
+    schema = schema_name(ctx)
     step = "dead-lettered jobs" + (f" (queue {queue!r})" if queue else " (global pass)")
 
     async def batch() -> BatchOutcome | None:
         try:
-            status = await ctx.db.execute(sql, retention, batch_size, scope)
+            status = await ctx.db.execute(
+                *statement.bind(schema, retention=retention, batch_size=batch_size, **scope)
+            )
         except QueryError as exc:
             log.error("%s: failed to purge %s: %s", NAME, step, describe_error(exc))
             result.failed_steps.append(step)

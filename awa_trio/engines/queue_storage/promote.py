@@ -69,6 +69,7 @@ from ...db import (
 )
 from ...maintenance.promotion import PROMOTABLE_STATES, PromoteResult, promote_due
 from ...maintenance.promotion import promote_row_by_row as shared_row_by_row
+from ...sql import Fragment, Statement
 from .layout import mask_claims, schema_name
 
 log = logging.getLogger(__name__)
@@ -81,23 +82,27 @@ PROMOTE_MAX_BATCHES_PER_TICK = 32
 LANE_CHECK_WINDOW = PROMOTE_BATCH_SIZE * PROMOTE_MAX_BATCHES_PER_TICK
 
 
+#: Each state of PROMOTABLE_STATES as the SQL literal its statements compare
+#: with ({state}: a literal, not a parameter, for the plans; see below).
+_STATE_LITERALS = {"scheduled": "'scheduled'", "retryable": "'retryable'"}
+
 # A row "gains a claim" when its mask claims `available` but not its waiting
 # state, and "drops its claim" in the opposite case (as upstream's
-# sync_unique_claim decides per row).
-def _gains_claim(row: str, state: str) -> str:
-    return (
-        f"({row}.unique_key IS NOT NULL"
-        f" AND {mask_claims(f'{row}.unique_states', 'available')}"
-        f" AND NOT {mask_claims(f'{row}.unique_states', state)})"
-    )
+# sync_unique_claim decides per row). {unique_key}: the row's key;
+# {claims_available} / {claims_waiting}: layout.mask_claims of its mask for
+# `available` / its waiting state.
+_GAINS_CLAIM = Fragment("({unique_key} IS NOT NULL AND {claims_available} AND NOT {claims_waiting})")
+_DROPS_CLAIM = Fragment("({unique_key} IS NOT NULL AND {claims_waiting} AND NOT {claims_available})")
 
 
-def _drops_claim(row: str, state: str) -> str:
-    return (
-        f"({row}.unique_key IS NOT NULL"
-        f" AND {mask_claims(f'{row}.unique_states', state)}"
-        f" AND NOT {mask_claims(f'{row}.unique_states', 'available')})"
-    )
+def _claim_columns(row: str, state: str) -> dict[str, str]:
+    """The columns of _GAINS_CLAIM / _DROPS_CLAIM for the row ``row``
+    (``deferred`` or ``picked``) waiting in ``state``."""
+    return {
+        "unique_key": row + ".unique_key",
+        "claims_available": mask_claims(row + ".unique_states", "available"),
+        "claims_waiting": mask_claims(row + ".unique_states", state),
+    }
 
 
 # A batch is two statements in one transaction, in the order Awa's own
@@ -111,7 +116,7 @@ def _drops_claim(row: str, state: str) -> str:
 #         it until commit, in lane order like producers. This is where a
 #         batch may wait for a producer. One row per lane comes back: its
 #         row count, job ids and first position. The shard is one rotor value
-#         ($2) per batch modulo the queue's shard count (1 unless an operator
+#         (:shard_rotor) per batch modulo the queue's shard count (1 unless an operator
 #         raised it), as upstream picks one rotor shard per (queue, priority)
 #         for rows without an ordering key. A claim held by another job
 #         raises 23505 here and the batch goes row by row.
@@ -141,7 +146,7 @@ def _drops_claim(row: str, state: str) -> str:
 #
 # The state is a literal and the order is the index's, so the due rows come
 # from idx_awa_deferred_due (state, run_at, queue, priority, job_id) in order
-# and the scan stops after $1 of them; the paused queues are read once (an
+# and the scan stops after :limit of them; the paused queues are read once (an
 # init plan), and the claim lookup runs only for rows with a unique key. The
 # batch runs with PLANNER_SETTINGS: the planner underestimates the due
 # rows badly (the claim subplan's cost, queue_meta's missing statistics) and
@@ -151,8 +156,8 @@ _PICK_SQL_TEMPLATE = """
     WITH picked AS MATERIALIZED (
         SELECT deferred.job_id, deferred.queue, deferred.priority, deferred.run_at,
                deferred.unique_key, deferred.unique_states
-        FROM {{schema}}.deferred_jobs AS deferred
-        WHERE deferred.state = '{state}'::awa.job_state
+        FROM {schema}.deferred_jobs AS deferred
+        WHERE deferred.state = {state}::awa.job_state
           AND deferred.run_at <= now()
           AND deferred.queue <> ALL (ARRAY(SELECT meta.queue FROM awa.queue_meta AS meta
                                            WHERE meta.paused))
@@ -163,7 +168,7 @@ _PICK_SQL_TEMPLATE = """
           ))
           {selection}
         ORDER BY deferred.run_at, deferred.queue, deferred.priority, deferred.job_id
-        LIMIT $1
+        LIMIT :limit
         FOR UPDATE OF deferred SKIP LOCKED
     ),
     claimed AS (
@@ -188,7 +193,7 @@ _PICK_SQL_TEMPLATE = """
     lanes AS MATERIALIZED (
         SELECT
             per_lane.queue, per_lane.priority, per_lane.rows, per_lane.job_ids,
-            ($2::bigint % COALESCE(
+            (:shard_rotor::bigint % COALESCE(
                 (SELECT meta.enqueue_shards FROM awa.queue_meta AS meta
                  WHERE meta.queue = per_lane.queue), 1))::smallint AS enqueue_shard
         FROM (
@@ -199,25 +204,29 @@ _PICK_SQL_TEMPLATE = """
     )
     SELECT
         lane.queue, lane.priority, lane.enqueue_shard, lane.rows, lane.job_ids,
-        {{schema}}.reserve_enqueue_seq(lane.queue, lane.priority, lane.enqueue_shard, lane.rows)
+        {schema}.reserve_enqueue_seq(lane.queue, lane.priority, lane.enqueue_shard, lane.rows)
             AS first_seq
     FROM (SELECT * FROM lanes ORDER BY queue COLLATE "C", priority, enqueue_shard) AS lane
 """
 
 # FILE is sent with the COMMIT in one simple-protocol round trip, so the lane
 # locks PICK took are held for that one round trip only (a producer of the
-# lane waits for them). The simple protocol takes no bind parameters: the
-# picked rows come as array literals of integers PICK returned ({job_ids},
-# and per job its lane's {first_seqs} and {shards}), built by file_sql().
+# lane waits for them). The simple protocol takes no bind parameters, so this
+# is the one statement written per batch rather than bound: the picked rows
+# come as array literals of integers PICK returned ({job_ids}, and per job
+# its lane's {first_seqs} and {shards}), placed by file_sql() together with
+# {schema}. Named parameters would cost a second round trip with the lane
+# locks held (FILE, then COMMIT), and a Statement would keep every batch's
+# text.
 # A row whose lane is missing gets a NULL lane_seq and fails the statement
 # (ready_entries.lane_seq is NOT NULL), so a row is never deleted without
 # being filed. A channel is an identifier: workers LISTEN on "awa:<queue>"
 # cut to 63 bytes (at a character boundary), and pg_notify refuses a longer
 # name, which would fail the whole batch, so the channel is cut the same way.
-_FILE_SQL_TEMPLATE = """
+_FILE_SQL_TEMPLATE = Fragment("""
     WITH picked AS MATERIALIZED (
         SELECT *
-        FROM unnest({job_ids}, {first_seqs}, {shards}) AS picked(job_id, first_seq, enqueue_shard)
+        FROM unnest({job_ids}::bigint[], {first_seqs}::bigint[], {shards}::smallint[]) AS picked(job_id, first_seq, enqueue_shard)
     ),
     moved AS (
         DELETE FROM {schema}.deferred_jobs AS deferred
@@ -268,7 +277,7 @@ _FILE_SQL_TEMPLATE = """
             numbered.max_attempts, numbered.lane_seq, numbered.lane_shard, now(),
             numbered.attempted_at, numbered.created_at, numbered.unique_key,
             numbered.unique_states,
-            CASE WHEN numbered.payload IN ('{{}}'::jsonb, 'null'::jsonb) THEN NULL
+            CASE WHEN numbered.payload IN ('{}'::jsonb, 'null'::jsonb) THEN NULL
                  ELSE numbered.payload END
         FROM numbered CROSS JOIN ring
         RETURNING queue
@@ -282,12 +291,13 @@ _FILE_SQL_TEMPLATE = """
                END, '')
     FROM (SELECT DISTINCT 'awa:' || queue AS channel FROM inserted) AS queues;
     COMMIT
-"""
+""")
 
 
-def _int_array(values: Iterable[Any], sql_type: str) -> str:
-    """An array literal of integers (int() keeps anything else out of the SQL)."""
-    return f"ARRAY[{','.join(str(int(value)) for value in values)}]::{sql_type}[]"
+def _int_array(values: Iterable[Any]) -> str:
+    """An array constructor of integers (int() keeps anything else out of the
+    SQL); the statement casts it."""
+    return "ARRAY[" + ",".join(str(int(value)) for value in values) + "]"
 
 
 def file_sql(schema: str, lanes: Iterable[Mapping[str, Any]]) -> str:
@@ -298,21 +308,22 @@ def file_sql(schema: str, lanes: Iterable[Mapping[str, Any]]) -> str:
             job_ids.append(job_id)
             first_seqs.append(lane["first_seq"])
             shards.append(lane["enqueue_shard"])
-    return _FILE_SQL_TEMPLATE.format(
+    return _FILE_SQL_TEMPLATE(
         schema=schema,
-        job_ids=_int_array(job_ids, "bigint"),
-        first_seqs=_int_array(first_seqs, "bigint"),
-        shards=_int_array(shards, "smallint"),
+        job_ids=_int_array(job_ids),
+        first_seqs=_int_array(first_seqs),
+        shards=_int_array(shards),
     )
 
 
-def _pick_sql(state: str, selection: str) -> str:
-    return _PICK_SQL_TEMPLATE.format(
-        state=state,
+def _pick_sql(state: str, selection: str) -> Statement:
+    return Statement(
+        _PICK_SQL_TEMPLATE,
+        state=_STATE_LITERALS[state],
         selection=selection,
-        gains_claim=_gains_claim("deferred", state),
-        gains_claim_picked=_gains_claim("picked", state),
-        drops_claim_picked=_drops_claim("picked", state),
+        gains_claim=_GAINS_CLAIM(**_claim_columns("deferred", state)),
+        gains_claim_picked=_GAINS_CLAIM(**_claim_columns("picked", state)),
+        drops_claim_picked=_DROPS_CLAIM(**_claim_columns("picked", state)),
     )
 
 
@@ -322,41 +333,42 @@ PLANNER_SETTINGS = {"enable_sort": "off"}
 #: The SQLSTATE reserve_enqueue_seq raises for a lane with no enqueue head.
 MISSING_LANE_SQLSTATE = "55000"
 
-#: Schema-templated ({schema}) PICK statements: $1 limit, $2 shard rotor.
+#: PICK per state: :limit rows, :shard_rotor.
 PICK_BATCH_SQL = {state: _pick_sql(state, "") for state in PROMOTABLE_STATES}
-#: The row-by-row fallback: the same statement narrowed to one id ($3).
-PICK_ONE_SQL = {state: _pick_sql(state, "AND deferred.job_id = $3::bigint") for state in PROMOTABLE_STATES}
+#: The row-by-row fallback: the same statement narrowed to one id (:job_id).
+PICK_ONE_SQL = {
+    state: _pick_sql(state, "AND deferred.job_id = :job_id::bigint") for state in PROMOTABLE_STATES
+}
 #: Ids the fallback walks: the due rows a batch would have taken.
-DUE_IDS_SQL = {
-    state: f"""
+_DUE_IDS_TEMPLATE = """
         SELECT deferred.job_id
-        FROM {{schema}}.deferred_jobs AS deferred
-        WHERE deferred.state = '{state}'::awa.job_state
+        FROM {schema}.deferred_jobs AS deferred
+        WHERE deferred.state = {state}::awa.job_state
           AND deferred.run_at <= now()
           AND NOT EXISTS (
               SELECT 1 FROM awa.queue_meta AS meta
               WHERE meta.queue = deferred.queue AND meta.paused
           )
         ORDER BY deferred.run_at, deferred.queue, deferred.priority, deferred.job_id
-        LIMIT $1
+        LIMIT :limit
     """
-    for state in PROMOTABLE_STATES
+DUE_IDS_SQL = {
+    state: Statement(_DUE_IDS_TEMPLATE, state=_STATE_LITERALS[state]) for state in PROMOTABLE_STATES
 }
 
 # Lanes (queue, priority, every shard of the queue) that due rows of unpaused
 # queues need but that have no enqueue or claim head yet: a scheduled job of a
 # queue or priority that never had a ready row. Usually returns nothing.
-MISSING_LANES_SQL = {
-    state: f"""
+_MISSING_LANES_TEMPLATE = """
         WITH due AS (
             SELECT DISTINCT due_row.queue, due_row.priority
             FROM (
                 SELECT deferred.queue, deferred.priority
-                FROM {{schema}}.deferred_jobs AS deferred
-                WHERE deferred.state = '{state}'::awa.job_state
+                FROM {schema}.deferred_jobs AS deferred
+                WHERE deferred.state = {state}::awa.job_state
                   AND deferred.run_at <= now()
                 ORDER BY deferred.run_at
-                LIMIT $1
+                LIMIT :limit
             ) AS due_row
             WHERE NOT EXISTS (
                 SELECT 1 FROM awa.queue_meta AS meta
@@ -372,64 +384,86 @@ MISSING_LANES_SQL = {
                  WHERE meta.queue = due.queue), 1) - 1
         ) AS shard(enqueue_shard)
         WHERE NOT EXISTS (
-                SELECT 1 FROM {{schema}}.queue_enqueue_heads AS head
+                SELECT 1 FROM {schema}.queue_enqueue_heads AS head
                 WHERE head.queue = due.queue AND head.priority = due.priority
                   AND head.enqueue_shard = shard.enqueue_shard
             )
            OR NOT EXISTS (
-                SELECT 1 FROM {{schema}}.queue_claim_heads AS head
+                SELECT 1 FROM {schema}.queue_claim_heads AS head
                 WHERE head.queue = due.queue AND head.priority = due.priority
                   AND head.enqueue_shard = shard.enqueue_shard
             )
         ORDER BY due.queue COLLATE "C", due.priority, shard.enqueue_shard
     """
-    for state in PROMOTABLE_STATES
+MISSING_LANES_SQL = {
+    state: Statement(_MISSING_LANES_TEMPLATE, state=_STATE_LITERALS[state]) for state in PROMOTABLE_STATES
 }
 
 # Creating a lane, as producers do: under the lane's transaction lock (same
 # key as upstream's ensure_lane), the lane row, its enqueue and claim heads
 # (their triggers create the lane sequences, never moving one backwards), then
-# the sequence names. $1 queues, $2 priorities, $3 shards (parallel arrays).
-_LANE_INPUT = "unnest($1::text[], $2::smallint[], $3::smallint[]) AS lane(queue, priority, enqueue_shard)"
-LOCK_LANES_SQL = f"""
+# the sequence names. :queues, :priorities, :shards (parallel arrays). The
+# lock key starts with the schema's name (:schema_name), as producers' does.
+_LANE_INPUT = Fragment(
+    "unnest(:queues::text[], :priorities::smallint[], :shards::smallint[]) AS lane(queue, priority, enqueue_shard)"
+)
+LOCK_LANES_SQL = Statement(
+    """
     SELECT pg_advisory_xact_lock(hashtextextended(
-        '{{schema}}:' || lane.queue || ':' || lane.priority || ':' || lane.enqueue_shard, 0))
-    FROM {_LANE_INPUT}
-"""
-INSERT_LANES_SQL = f"""
-    INSERT INTO {{schema}}.queue_lanes (queue, priority)
-    SELECT DISTINCT lane.queue, lane.priority FROM {_LANE_INPUT}
+        :schema_name::text || ':' || lane.queue || ':' || lane.priority || ':' || lane.enqueue_shard, 0))
+    FROM {lanes}
+""",
+    lanes=_LANE_INPUT(),
+)
+INSERT_LANES_SQL = Statement(
+    """
+    INSERT INTO {schema}.queue_lanes (queue, priority)
+    SELECT DISTINCT lane.queue, lane.priority FROM {lanes}
     ON CONFLICT (queue, priority) DO NOTHING
-"""
-INSERT_ENQUEUE_HEADS_SQL = f"""
-    INSERT INTO {{schema}}.queue_enqueue_heads (queue, priority, enqueue_shard)
-    SELECT lane.queue, lane.priority, lane.enqueue_shard FROM {_LANE_INPUT}
+""",
+    lanes=_LANE_INPUT(),
+)
+INSERT_ENQUEUE_HEADS_SQL = Statement(
+    """
+    INSERT INTO {schema}.queue_enqueue_heads (queue, priority, enqueue_shard)
+    SELECT lane.queue, lane.priority, lane.enqueue_shard FROM {lanes}
     ON CONFLICT (queue, priority, enqueue_shard) DO NOTHING
-"""
-INSERT_CLAIM_HEADS_SQL = f"""
-    INSERT INTO {{schema}}.queue_claim_heads (queue, priority, enqueue_shard)
-    SELECT lane.queue, lane.priority, lane.enqueue_shard FROM {_LANE_INPUT}
+""",
+    lanes=_LANE_INPUT(),
+)
+INSERT_CLAIM_HEADS_SQL = Statement(
+    """
+    INSERT INTO {schema}.queue_claim_heads (queue, priority, enqueue_shard)
+    SELECT lane.queue, lane.priority, lane.enqueue_shard FROM {lanes}
     ON CONFLICT (queue, priority, enqueue_shard) DO NOTHING
-"""
-ENSURE_LANE_SEQUENCES_SQL = f"""
-    SELECT {{schema}}.ensure_lane_sequences(lane.queue, lane.priority, lane.enqueue_shard)
-    FROM {_LANE_INPUT}
-"""
+""",
+    lanes=_LANE_INPUT(),
+)
+ENSURE_LANE_SEQUENCES_SQL = Statement(
+    """
+    SELECT {schema}.ensure_lane_sequences(lane.queue, lane.priority, lane.enqueue_shard)
+    FROM {lanes}
+""",
+    lanes=_LANE_INPUT(),
+)
 
 # Which states have due rows of unpaused queues, in one round trip: an idle
 # tick stops here instead of checking lanes and opening a batch transaction
 # per state (eleven statements). Same predicate as the batch's, minus the
 # unique-claim check: a state whose due rows all wait on a claim runs its
-# batch, which then promotes nothing, as before.
-DUE_STATES_SQL = "SELECT " + ",\n       ".join(
-    f"""EXISTS (
-           SELECT 1 FROM {{schema}}.deferred_jobs AS deferred
-           WHERE deferred.state = '{state}'::awa.job_state
+# batch, which then promotes nothing, as before. One column per state of
+# PROMOTABLE_STATES.
+_HAS_DUE_ROWS = Fragment("""EXISTS (
+           SELECT 1 FROM {schema}.deferred_jobs AS deferred
+           WHERE deferred.state = {state}::awa.job_state
              AND deferred.run_at <= now()
              AND deferred.queue <> ALL (ARRAY(SELECT meta.queue FROM awa.queue_meta AS meta
                                               WHERE meta.paused))
-       ) AS {state}"""
-    for state in PROMOTABLE_STATES
+       )""")
+DUE_STATES_SQL = Statement(
+    "SELECT {scheduled} AS scheduled,\n       {retryable} AS retryable",
+    scheduled=_HAS_DUE_ROWS(state=_STATE_LITERALS["scheduled"]),
+    retryable=_HAS_DUE_ROWS(state=_STATE_LITERALS["retryable"]),
 )
 
 #: One rotor per process: successive batches spread over a queue's shards.
@@ -442,30 +476,30 @@ async def run_once(ctx: MaintenanceContext) -> PromoteResult:
     async def promote_state(state: str, result: PromoteResult) -> None:
         await promote_due_state(ctx, schema, state, result)
 
-    return await promote_due(ctx, NAME, DUE_STATES_SQL.format(schema=schema), promote_state)
+    return await promote_due(ctx, NAME, DUE_STATES_SQL.render(schema), promote_state)
 
 
-async def ensure_lanes(ctx: MaintenanceContext, missing_sql: str, result: PromoteResult) -> None:
+async def ensure_lanes(ctx: MaintenanceContext, missing_sql: Statement, result: PromoteResult) -> None:
     """Create the lanes due rows need, so the batch can reserve positions in
     them (a reservation in a missing lane is an error)."""
-    missing = await ctx.db.fetch(missing_sql, LANE_CHECK_WINDOW)
+    schema = ctx.schema.queue_storage_schema
+    missing = await ctx.db.fetch(*missing_sql.bind(schema, limit=LANE_CHECK_WINDOW))
     if not missing:
         return
-    schema = ctx.schema.queue_storage_schema
-    lanes = (
-        [row["queue"] for row in missing],
-        [row["priority"] for row in missing],
-        [row["enqueue_shard"] for row in missing],
-    )
+    lanes = {
+        "queues": [row["queue"] for row in missing],
+        "priorities": [row["priority"] for row in missing],
+        "shards": [row["enqueue_shard"] for row in missing],
+    }
     async with ctx.db.transaction() as conn:
-        for template in (
-            LOCK_LANES_SQL,
+        await conn.execute(*LOCK_LANES_SQL.bind(None, schema_name=schema, **lanes))
+        for statement in (
             INSERT_LANES_SQL,
             INSERT_ENQUEUE_HEADS_SQL,
             INSERT_CLAIM_HEADS_SQL,
             ENSURE_LANE_SEQUENCES_SQL,
         ):
-            await conn.execute(template.format(schema=schema), *lanes)
+            await conn.execute(*statement.bind(schema, **lanes))
     created = [(row["queue"], row["priority"], row["enqueue_shard"]) for row in missing]
     result.lanes_created.extend(created)
     log.info("%s: created %d lanes for due jobs: %s", NAME, len(created), created)
@@ -478,13 +512,15 @@ async def promote_due_state(ctx: MaintenanceContext, schema: str, state: str, re
     enqueue head yet (a queue or priority that never had a ready row) makes
     the reservation fail with 55000; the lanes are then created and the
     batch tried again, once."""
-    pick_sql = PICK_BATCH_SQL[state].format(schema=schema)
+    pick_sql = PICK_BATCH_SQL[state]
     lanes_created = False
     batches = 0
     while batches < PROMOTE_MAX_BATCHES_PER_TICK:
         started = trio.current_time()
         try:
-            rows = await run_batch(ctx, schema, pick_sql, PROMOTE_BATCH_SIZE, next(_shard_rotor))
+            rows = await run_batch(
+                ctx, schema, pick_sql, limit=PROMOTE_BATCH_SIZE, shard_rotor=next(_shard_rotor)
+            )
         except UniqueViolation as exc:
             log.warning(
                 "%s: a batch of %s jobs hit a unique-claim conflict (%s); promoting row by row",
@@ -499,7 +535,7 @@ async def promote_due_state(ctx: MaintenanceContext, schema: str, state: str, re
             if exc.sqlstate != MISSING_LANE_SQLSTATE or lanes_created:
                 raise
             lanes_created = True
-            await ensure_lanes(ctx, MISSING_LANES_SQL[state].format(schema=schema), result)
+            await ensure_lanes(ctx, MISSING_LANES_SQL[state], result)
             continue
         batches += 1
         promoted = sum(row["rows"] for row in rows)
@@ -511,13 +547,15 @@ async def promote_due_state(ctx: MaintenanceContext, schema: str, state: str, re
             return
 
 
-async def run_batch(ctx: MaintenanceContext, schema: str, pick_sql: str, *pick_args: Any) -> list[Any]:
+async def run_batch(
+    ctx: MaintenanceContext, schema: str, pick_sql: Statement, **pick_values: Any
+) -> list[Any]:
     """One batch in its own transaction, the planner setting sent with the
     BEGIN: PICK, then FILE with the COMMIT (FILE a statement of its own, so
     that it reads the ring with the lane locks held: see the lane-order
     invariant above). Returns PICK's lanes (queue, rows, ...)."""
     async with ctx.db.transaction(local_settings=PLANNER_SETTINGS) as conn:
-        lanes = await conn.fetch(pick_sql, *pick_args)
+        lanes = await conn.fetch(*pick_sql.bind(schema, **pick_values))
         if lanes:
             await conn.commit_with(file_sql(schema, lanes))
         return lanes
@@ -529,13 +567,13 @@ async def promote_row_by_row(ctx: MaintenanceContext, schema: str, state: str, r
     out until the claim is free)."""
     ids = [
         row["job_id"]
-        for row in await ctx.db.fetch(DUE_IDS_SQL[state].format(schema=schema), PROMOTE_BATCH_SIZE)
+        for row in await ctx.db.fetch(*DUE_IDS_SQL[state].bind(schema, limit=PROMOTE_BATCH_SIZE))
     ]
-    pick_sql = PICK_ONE_SQL[state].format(schema=schema)
+    pick_sql = PICK_ONE_SQL[state]
 
     async def promote_one(job_id: int) -> list[tuple[str, int]]:
         # Nothing returned: promoted, deleted or paused meanwhile, or waiting on its claim.
-        rows = await run_batch(ctx, schema, pick_sql, 1, next(_shard_rotor), job_id)
+        rows = await run_batch(ctx, schema, pick_sql, limit=1, shard_rotor=next(_shard_rotor), job_id=job_id)
         return [(row["queue"], row["rows"]) for row in rows]
 
     async def on_claim_conflict(job_id: int) -> None:

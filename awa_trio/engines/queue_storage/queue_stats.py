@@ -50,6 +50,7 @@ from typing import Any
 from ...context import MaintenanceContext
 from ...db import LOCK_NOT_AVAILABLE, Connection, QueryError, describe_error
 from ...maintenance.queue_info import DEPTH_STATES, publish_info
+from ...sql import Fragment, Statement
 from .layout import schema_name
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 NAME = "queue_stats"
 #: Longest any statement of this branch waits for a table lock (seconds).
 RING_LOCK_TIMEOUT = 0.1
+#: RING_LOCK_TIMEOUT for the current transaction only (SET LOCAL).
+SET_LOCK_TIMEOUT_SQL = Statement("SELECT set_config('lock_timeout', :lock_timeout, true)")
 
 CONTROL_PART = "control"
 LEASE_RING_PART = "lease_ring"
@@ -64,7 +67,7 @@ CLAIM_RING_PART = "claim_ring"
 QUEUE_RING_PART = "queue_ring"
 
 # Per-lane cursors: the claim signal of every (queue, priority, shard).
-_HEAD_SIGNAL = """
+_HEAD_SIGNAL = Fragment("""
     head_signal AS (
         SELECT
             enqueues.queue,
@@ -79,18 +82,19 @@ _HEAD_SIGNAL = """
          AND claims.enqueue_shard = enqueues.enqueue_shard
         WHERE enqueues.seq_name IS NOT NULL AND claims.seq_name IS NOT NULL
     )
-"""
+""")
 
 # Part 1: only tables no prune ever locks.
-CONTROL_SQL = f"""
-    WITH {_HEAD_SIGNAL},
+CONTROL_SQL = Statement(
+    """
+    WITH {head_signal},
     queues AS (
         SELECT queue FROM awa.queue_meta
         UNION SELECT queue FROM head_signal
-        UNION SELECT queue FROM {{schema}}.deferred_jobs
-        UNION SELECT queue FROM {{schema}}.queue_terminal_live_counts
-        UNION SELECT queue FROM {{schema}}.queue_terminal_rollups
-        UNION SELECT queue FROM {{schema}}.dlq_entries
+        UNION SELECT queue FROM {schema}.deferred_jobs
+        UNION SELECT queue FROM {schema}.queue_terminal_live_counts
+        UNION SELECT queue FROM {schema}.queue_terminal_rollups
+        UNION SELECT queue FROM {schema}.dlq_entries
     ),
     ready AS (
         SELECT queue, sum(GREATEST(next_seq - claim_seq, 0))::bigint AS available
@@ -102,12 +106,12 @@ CONTROL_SQL = f"""
             queue,
             count(*) FILTER (WHERE state = 'scheduled')::bigint AS scheduled,
             count(*) FILTER (WHERE state = 'retryable')::bigint AS retryable
-        FROM {{schema}}.deferred_jobs
+        FROM {schema}.deferred_jobs
         GROUP BY queue
     ),
     dlq AS (
         SELECT queue, count(*)::bigint AS dlq_depth
-        FROM {{schema}}.dlq_entries
+        FROM {schema}.dlq_entries
         GROUP BY queue
     )
     SELECT
@@ -121,23 +125,25 @@ CONTROL_SQL = f"""
     LEFT JOIN deferred ON deferred.queue = queues.queue
     LEFT JOIN dlq ON dlq.queue = queues.queue
     ORDER BY queues.queue
-"""
+""",
+    head_signal=_HEAD_SIGNAL(),
+)
 
 # Part 2: the lease ring's partitions.
-LEASE_RING_SQL = """
+LEASE_RING_SQL = Statement("""
     SELECT
         queue,
         count(*) FILTER (WHERE state = 'running')::bigint AS running,
         count(*) FILTER (WHERE state = 'waiting_external')::bigint AS waiting_external
     FROM {schema}.leases
     GROUP BY queue
-"""
+""")
 
 # Part 3: the claim ring's partitions. On the fast claim path (awa-pg's
 # workers) a running job has no lease row, only an open receipt claim: one
 # not closed, with no closure row or closure batch, never materialised into a
 # lease (a materialised one is counted by its lease row).
-CLAIM_RING_SQL = """
+CLAIM_RING_SQL = Statement("""
     SELECT claims.queue, count(*)::bigint AS running_claims
     FROM {schema}.lease_claims AS claims
     WHERE claims.closed_at IS NULL
@@ -154,15 +160,16 @@ CLAIM_RING_SQL = """
             AND closure_batches.receipt_ranges @> claims.receipt_id
       )
     GROUP BY claims.queue
-"""
+""")
 
 # Part 4: the queue ring's partitions. Lag probes each lane at its claim
 # cursor along the ready primary key, skipping tombstoned entries.
-QUEUE_RING_SQL = f"""
-    WITH {_HEAD_SIGNAL},
+QUEUE_RING_SQL = Statement(
+    """
+    WITH {head_signal},
     failed_done AS (
         SELECT queue, count(*)::bigint AS failed_done
-        FROM {{schema}}.done_entries
+        FROM {schema}.done_entries
         WHERE state = 'failed'
         GROUP BY queue
     ),
@@ -173,14 +180,14 @@ QUEUE_RING_SQL = f"""
         FROM head_signal
         CROSS JOIN LATERAL (
             SELECT ready.run_at
-            FROM {{schema}}.ready_entries AS ready
+            FROM {schema}.ready_entries AS ready
             WHERE ready.queue = head_signal.queue
               AND ready.priority = head_signal.priority
               AND ready.enqueue_shard = head_signal.enqueue_shard
               AND ready.lane_seq >= head_signal.claim_seq
               AND NOT EXISTS (
                   SELECT 1
-                  FROM {{schema}}.ready_tombstones AS tomb
+                  FROM {schema}.ready_tombstones AS tomb
                   WHERE tomb.ready_slot = ready.ready_slot
                     AND tomb.ready_generation = ready.ready_generation
                     AND tomb.queue = ready.queue
@@ -200,7 +207,9 @@ QUEUE_RING_SQL = f"""
         lag.lag_seconds
     FROM failed_done
     FULL JOIN lag ON lag.queue = failed_done.queue
-"""
+""",
+    head_signal=_HEAD_SIGNAL(),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,12 +238,12 @@ async def run_once(ctx: MaintenanceContext) -> QueueStatsResult:
     schema = schema_name(ctx)
     result = QueueStatsResult()
     async with ctx.db.acquire() as conn:
-        control = await _read_part(conn, result, CONTROL_PART, CONTROL_SQL.format(schema=schema))
+        control = await _read_part(conn, result, CONTROL_PART, CONTROL_SQL.render(schema))
         if control is None:
             return result
-        leases = await _read_part(conn, result, LEASE_RING_PART, LEASE_RING_SQL.format(schema=schema))
-        claims = await _read_part(conn, result, CLAIM_RING_PART, CLAIM_RING_SQL.format(schema=schema))
-        queue_ring = await _read_part(conn, result, QUEUE_RING_PART, QUEUE_RING_SQL.format(schema=schema))
+        leases = await _read_part(conn, result, LEASE_RING_PART, LEASE_RING_SQL.render(schema))
+        claims = await _read_part(conn, result, CLAIM_RING_PART, CLAIM_RING_SQL.render(schema))
+        queue_ring = await _read_part(conn, result, QUEUE_RING_PART, QUEUE_RING_SQL.render(schema))
 
     lease_rows = {row["queue"]: row for row in leases or ()}
     claim_rows = {row["queue"]: int(row["running_claims"]) for row in claims or ()}
@@ -280,7 +289,7 @@ async def _read_part(conn: Connection, result: QueueStatsResult, part: str, sql:
     """One part's rows, or None when a lock held it up past RING_LOCK_TIMEOUT."""
     try:
         async with conn.transaction():
-            await conn.execute(f"SET LOCAL lock_timeout = '{int(RING_LOCK_TIMEOUT * 1000)}ms'")
+            await conn.execute(*SET_LOCK_TIMEOUT_SQL.bind(lock_timeout=f"{int(RING_LOCK_TIMEOUT * 1000)}ms"))
             return await conn.fetch(sql)
     except QueryError as exc:
         if exc.sqlstate != LOCK_NOT_AVAILABLE:
