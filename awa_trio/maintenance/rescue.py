@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from ..context import MaintenanceContext
 from ..hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
 from ..jobs import JobRow
+from ..sql import Statement
 from .drain import BatchOutcome, DrainBudget, drain
 
 log = logging.getLogger(__name__)
@@ -38,20 +39,22 @@ CALLBACK_TIMEOUT_DLQ_REASON = "callback_timeout"
 
 # A follow-up job, inserted the way every Awa producer does (engine-routing,
 # validating, unique-claim aware). A run_at makes it scheduled.
-INSERT_FOLLOW_UP_SQL = """
+INSERT_FOLLOW_UP_SQL = Statement(
+    """
     SELECT id
     FROM awa.insert_job_compat(
-        p_kind => $1,
-        p_queue => $2,
-        p_args => $3::jsonb,
-        p_state => $4::awa.job_state,
-        p_priority => $5::smallint,
-        p_max_attempts => $6::smallint,
-        p_run_at => $7::timestamptz,
-        p_metadata => $8::jsonb,
-        p_tags => $9::text[]
+        p_kind => :kind,
+        p_queue => :queue,
+        p_args => :args::jsonb,
+        p_state => :state::awa.job_state,
+        p_priority => :priority::smallint,
+        p_max_attempts => :max_attempts::smallint,
+        p_run_at => :run_at::timestamptz,
+        p_metadata => :metadata::jsonb,
+        p_tags => :tags::text[]
     )
 """
+)
 
 
 class Rescue(Protocol):
@@ -231,7 +234,7 @@ async def insert_follow_ups(
     try:
         async with ctx.db.transaction() as conn:
             for follow_up in follow_ups:
-                await conn.fetchval(INSERT_FOLLOW_UP_SQL, *follow_up_arguments(follow_up))
+                await conn.fetchval(*INSERT_FOLLOW_UP_SQL.bind(**follow_up_parameters(follow_up)))
     except Exception as exc:
         # DatabaseError, or application data the driver cannot encode.
         log.error(
@@ -250,18 +253,19 @@ async def insert_follow_ups(
     )
 
 
-def follow_up_arguments(follow_up: FollowUpJob) -> tuple[Any, ...]:
-    return (
-        follow_up.kind,
-        follow_up.queue,
-        follow_up.args,
-        "available" if follow_up.run_at is None else "scheduled",
-        follow_up.priority,
-        follow_up.max_attempts,
-        follow_up.run_at,
-        dict(follow_up.metadata),
-        list(follow_up.tags),
-    )
+def follow_up_parameters(follow_up: FollowUpJob) -> dict[str, Any]:
+    """The parameters of :data:`INSERT_FOLLOW_UP_SQL` for one follow-up."""
+    return {
+        "kind": follow_up.kind,
+        "queue": follow_up.queue,
+        "args": follow_up.args,
+        "state": "available" if follow_up.run_at is None else "scheduled",
+        "priority": follow_up.priority,
+        "max_attempts": follow_up.max_attempts,
+        "run_at": follow_up.run_at,
+        "metadata": dict(follow_up.metadata),
+        "tags": list(follow_up.tags),
+    }
 
 
 def job_ids(jobs: Sequence[JobRow], limit: int = 20) -> str:

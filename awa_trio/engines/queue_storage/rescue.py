@@ -86,7 +86,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ...context import MaintenanceContext
@@ -95,6 +95,7 @@ from ...hooks import RescueReason
 from ...jobs import QUEUE_STORAGE, JobRow
 from ...maintenance.drain import BatchOutcome
 from ...maintenance.rescue import CALLBACK_TIMEOUT_DLQ_REASON, RescueResult, drain_rescues
+from ...sql import Fragment, Statement
 from .layout import TERMINAL_COUNTER_BUCKETS, mask_claims
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ log = logging.getLogger(__name__)
 #: Closure outcomes written to the receipt ledgers.
 OUTCOME_STALE_RECEIPT = "rescued"
 OUTCOME_DEADLINE_RECEIPT = "deadline_expired"
+#: (Written as the literal 'rescue' in SETTLE_SQL.)
 OUTCOME_SETTLED = "rescue"
 
 # No closure evidence for one attempt, as upstream's readers and prune gates
@@ -111,8 +113,9 @@ OUTCOME_SETTLED = "rescue"
 # a conjunction of NOT EXISTS (not NOT (a OR b ...)) so that the planner can
 # turn each into an anti-join over a whole batch of candidates instead of
 # probing every table once per candidate. {claim_slot}, {job_id},
-# {run_lease}, {receipt_id} name columns.
-_NO_CLOSURE_EVIDENCE = """(
+# {run_lease}, {receipt_id} name columns (of one alias, or of two: a compact
+# item takes its claim slot from its batch).
+STILL_OPEN = Fragment("""(
     NOT EXISTS (
         SELECT 1 FROM {schema}.lease_claim_closures AS closures
         WHERE closures.claim_slot = {claim_slot}
@@ -136,51 +139,26 @@ _NO_CLOSURE_EVIDENCE = """(
         SELECT 1 FROM {schema}.dlq_entries AS dlq
         WHERE dlq.job_id = {job_id} AND dlq.run_lease = {run_lease}
     )
-)"""
-
-
-def still_open(
-    prefix: str | None = None,
-    *,
-    claim_slot: str | None = None,
-    job_id: str | None = None,
-    run_lease: str | None = None,
-    receipt_id: str | None = None,
-) -> str:
-    """``_NO_CLOSURE_EVIDENCE`` for the columns of table alias ``prefix``, or
-    for explicit column expressions."""
-    columns = {
-        "{claim_slot}": claim_slot or f"{prefix}.claim_slot",
-        "{job_id}": job_id or f"{prefix}.job_id",
-        "{run_lease}": run_lease or f"{prefix}.run_lease",
-        "{receipt_id}": receipt_id or f"{prefix}.receipt_id",
-    }
-    text = _NO_CLOSURE_EVIDENCE
-    for name, column in columns.items():
-        text = text.replace(name, column)
-    return text
+)""")
 
 
 #: The worker's completion lock of one receipt attempt (upstream's key).
-COMPLETION_LOCK_KEY = (
+COMPLETION_LOCK_KEY = Fragment(
     "pg_catalog.hashtextextended(format('awa.receipt.complete:%s:%s', {job_id}, {run_lease}), 0)"
 )
 
 
-def completion_lock_key(job_id: str, run_lease: str) -> str:
-    return COMPLETION_LOCK_KEY.replace("{job_id}", job_id).replace("{run_lease}", run_lease)
-
-
-#: Columns every take statement returns (one taken attempt).
+#: Columns every take statement returns (one taken attempt); SETTLE_SQL takes
+#: each, over the whole batch, as the array parameter of the same name.
 TAKEN_COLUMNS = (
     "ready_slot", "ready_generation", "job_id", "queue", "state", "priority", "attempt",
     "run_lease", "max_attempts", "lane_seq", "enqueue_shard", "attempted_at", "rescue_error",
 )  # fmt: skip
 
 # Take: delete locked `leases` rows matching {predicate}, oldest {order_by}
-# first. $1.. are the rescue's own parameters; {limit} and {job_filter} are
-# the row limit and the optional job-id filter (NULL: any job).
-TAKE_LEASES_TEMPLATE = """
+# first. Parameters: the predicate's own, :limit (rows), :job_ids (NULL: any
+# job) and :error (the error entry of each taken attempt).
+TAKE_LEASES_TEMPLATE = Fragment("""
     WITH picked AS (
         SELECT lease.lease_slot, lease.queue, lease.priority, lease.enqueue_shard, lease.lane_seq
         FROM {schema}.leases AS lease
@@ -188,9 +166,9 @@ TAKE_LEASES_TEMPLATE = """
           ON attempt.job_id = lease.job_id
          AND attempt.run_lease = lease.run_lease
         WHERE {predicate}
-          AND ({job_filter}::bigint[] IS NULL OR lease.job_id = ANY({job_filter}::bigint[]))
+          AND (:job_ids::bigint[] IS NULL OR lease.job_id = ANY(:job_ids::bigint[]))
         ORDER BY {order_by}, lease.job_id
-        LIMIT {limit}
+        LIMIT :limit
         FOR UPDATE OF lease SKIP LOCKED
     )
     DELETE FROM {schema}.leases AS lease
@@ -203,28 +181,19 @@ TAKE_LEASES_TEMPLATE = """
     RETURNING
         lease.ready_slot, lease.ready_generation, lease.job_id, lease.queue, lease.state,
         lease.priority, lease.attempt, lease.run_lease, lease.max_attempts, lease.lane_seq,
-        lease.enqueue_shard, lease.attempted_at, {error}::text AS rescue_error
-"""
-
-
-def take_leases_sql(*, predicate: str, order_by: str, error: str, limit: str, job_filter: str) -> str:
-    return (
-        TAKE_LEASES_TEMPLATE.replace("{predicate}", predicate)
-        .replace("{order_by}", order_by)
-        .replace("{error}", sql_literal(error))
-        .replace("{limit}", limit)
-        .replace("{job_filter}", job_filter)
-    )
+        lease.enqueue_shard, lease.attempted_at, :error::text AS rescue_error
+""")
 
 
 # Take, receipt side, step 2 of 2: the attempts locked by step 1
-# ($1 claim slots, $2 job ids, $3 run leases), re-checked under a snapshot
-# taken after the locks; each still open gets its closure ($4 outcome):
-# row claims in lease_claim_closures (plus closed_at), compact claims one
-# closure batch per (claim slot, ready slot, generation). $5 = error text.
-CLOSE_RECEIPTS_SQL = f"""
+# (:claim_slots, :job_ids, :run_leases), re-checked under a snapshot taken
+# after the locks; each still open gets its closure (:outcome): row claims
+# in lease_claim_closures (plus closed_at), compact claims one closure batch
+# per (claim slot, ready slot, generation). :error = error text.
+CLOSE_RECEIPTS_SQL = Statement(
+    """
     WITH locked(claim_slot, job_id, run_lease) AS (
-        SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[])
+        SELECT * FROM unnest(:claim_slots::int[], :job_ids::bigint[], :run_leases::bigint[])
     ),
     row_claims AS MATERIALIZED (
         SELECT
@@ -232,14 +201,14 @@ CLOSE_RECEIPTS_SQL = f"""
             claims.queue, claims.priority, claims.attempt, claims.run_lease,
             claims.max_attempts, claims.lane_seq, claims.enqueue_shard, claims.claimed_at
         FROM locked
-        JOIN {{schema}}.lease_claims AS claims
+        JOIN {schema}.lease_claims AS claims
           ON claims.claim_slot = locked.claim_slot
          AND claims.job_id = locked.job_id
          AND claims.run_lease = locked.run_lease
         WHERE claims.closed_at IS NULL
-          AND {still_open("claims")}
+          AND {claims_open}
           AND NOT EXISTS (
-              SELECT 1 FROM {{schema}}.leases AS lease
+              SELECT 1 FROM {schema}.leases AS lease
               WHERE lease.job_id = claims.job_id AND lease.run_lease = claims.run_lease
           )
     ),
@@ -250,13 +219,13 @@ CLOSE_RECEIPTS_SQL = f"""
             items.job_id, claim_batches.queue, claim_batches.priority, items.attempt,
             items.run_lease, items.max_attempts, items.lane_seq, claim_batches.enqueue_shard,
             claim_batches.claimed_at, items.receipt_id
-        FROM {{schema}}.lease_claim_batches AS claim_batches
+        FROM {schema}.lease_claim_batches AS claim_batches
         CROSS JOIN LATERAL unnest(
             claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids,
             claim_batches.lane_seqs, claim_batches.attempts, claim_batches.max_attempts
         ) AS items(job_id, run_lease, receipt_id, lane_seq, attempt, max_attempts)
-        WHERE claim_batches.claim_slot = ANY($1::int[])
-          AND claim_batches.job_ids && $2::bigint[]
+        WHERE claim_batches.claim_slot = ANY(:claim_slots::int[])
+          AND claim_batches.job_ids && :job_ids::bigint[]
     ),
     batch_claims AS MATERIALIZED (
         SELECT batch_items.*
@@ -265,23 +234,23 @@ CLOSE_RECEIPTS_SQL = f"""
           ON locked.claim_slot = batch_items.claim_slot
          AND locked.job_id = batch_items.job_id
          AND locked.run_lease = batch_items.run_lease
-        WHERE {still_open("batch_items")}
+        WHERE {batch_items_open}
           AND NOT EXISTS (
-              SELECT 1 FROM {{schema}}.leases AS lease
+              SELECT 1 FROM {schema}.leases AS lease
               WHERE lease.job_id = batch_items.job_id
                 AND lease.run_lease = batch_items.run_lease
           )
     ),
     row_closed AS (
-        INSERT INTO {{schema}}.lease_claim_closures
+        INSERT INTO {schema}.lease_claim_closures
             (claim_slot, job_id, run_lease, outcome, closed_at)
-        SELECT claim_slot, job_id, run_lease, $4::text, clock_timestamp()
+        SELECT claim_slot, job_id, run_lease, :outcome::text, clock_timestamp()
         FROM row_claims
         ON CONFLICT (claim_slot, job_id, run_lease) DO NOTHING
         RETURNING claim_slot, job_id, run_lease, closed_at
     ),
     row_marked AS (
-        UPDATE {{schema}}.lease_claims AS claims
+        UPDATE {schema}.lease_claims AS claims
         SET closed_at = COALESCE(claims.closed_at, row_closed.closed_at)
         FROM row_closed
         WHERE claims.claim_slot = row_closed.claim_slot
@@ -290,12 +259,12 @@ CLOSE_RECEIPTS_SQL = f"""
         RETURNING claims.job_id
     ),
     batch_closed AS (
-        INSERT INTO {{schema}}.lease_claim_closure_batches (
+        INSERT INTO {schema}.lease_claim_closure_batches (
             claim_slot, ready_slot, ready_generation, outcome, closed_count,
             receipt_ids, receipt_ranges, closed_at
         )
         SELECT
-            claim_slot, ready_slot, ready_generation, $4::text, count(*)::int,
+            claim_slot, ready_slot, ready_generation, :outcome::text, count(*)::int,
             array_agg(receipt_id ORDER BY receipt_id),
             range_agg(int8range(receipt_id, receipt_id + 1, '[)') ORDER BY receipt_id),
             clock_timestamp()
@@ -308,7 +277,7 @@ CLOSE_RECEIPTS_SQL = f"""
         'running'::awa.job_state AS state, row_claims.priority, row_claims.attempt,
         row_claims.run_lease, row_claims.max_attempts, row_claims.lane_seq,
         row_claims.enqueue_shard, row_claims.claimed_at AS attempted_at,
-        $5::text AS rescue_error
+        :error::text AS rescue_error
     FROM row_claims
     JOIN row_closed
       ON row_closed.claim_slot = row_claims.claim_slot
@@ -317,22 +286,40 @@ CLOSE_RECEIPTS_SQL = f"""
     UNION ALL
     SELECT
         ready_slot, ready_generation, job_id, queue, 'running'::awa.job_state, priority, attempt,
-        run_lease, max_attempts, lane_seq, enqueue_shard, claimed_at, $5::text
+        run_lease, max_attempts, lane_seq, enqueue_shard, claimed_at, :error::text
     FROM batch_claims
     WHERE EXISTS (SELECT 1 FROM batch_closed)
-"""
+""",
+    claims_open=STILL_OPEN(
+        claim_slot="claims.claim_slot",
+        job_id="claims.job_id",
+        run_lease="claims.run_lease",
+        receipt_id="claims.receipt_id",
+    ),
+    batch_items_open=STILL_OPEN(
+        claim_slot="batch_items.claim_slot",
+        job_id="batch_items.job_id",
+        run_lease="batch_items.run_lease",
+        receipt_id="batch_items.receipt_id",
+    ),
+)
 
 
-# Settle the taken attempts of one batch (parameters in `settle`). Column
-# effects: see the module docstring. Returns each rescued job as an
+# Settle the taken attempts of one batch. Column effects: see the module
+# docstring. Parameters: each of TAKEN_COLUMNS by its name, as the array of
+# that column over the taken attempts (so :job_id is every taken job id);
+# :exhausts_to_failed, :dlq_queues (queues whose exhausted attempts go to
+# the DLQ), :cancel (every attempt becomes a cancelled duplicate),
+# :duplicate_error and :dlq_reason. Returns each rescued job as an
 # awa.jobs-shaped row plus `outcome` (retryable, failed, dlq, cancelled).
-SETTLE_SQL = f"""
+SETTLE_SQL = Statement(
+    """
     WITH taken AS MATERIALIZED (
         SELECT *
         FROM unnest(
-            $1::int[], $2::bigint[], $3::bigint[], $4::text[], $5::awa.job_state[],
-            $6::smallint[], $7::smallint[], $8::bigint[], $9::smallint[], $10::bigint[],
-            $11::smallint[], $12::timestamptz[], $13::text[]
+            :ready_slot::int[], :ready_generation::bigint[], :job_id::bigint[], :queue::text[], :state::awa.job_state[],
+            :priority::smallint[], :attempt::smallint[], :run_lease::bigint[], :max_attempts::smallint[], :lane_seq::bigint[],
+            :enqueue_shard::smallint[], :attempted_at::timestamptz[], :rescue_error::text[]
         ) AS t(
             ready_slot, ready_generation, job_id, queue, old_state, priority, attempt,
             run_lease, max_attempts, lane_seq, enqueue_shard, attempted_at, rescue_error
@@ -344,9 +331,9 @@ SETTLE_SQL = f"""
             ready.kind, ready.args, ready.run_at, ready.created_at, ready.unique_key,
             ready.unique_states,
             CASE WHEN jsonb_typeof(ready.payload) = 'object' THEN ready.payload
-                 ELSE '{{}}'::jsonb END AS base_payload
+                 ELSE '{}'::jsonb END AS base_payload
         FROM taken
-        JOIN {{schema}}.ready_entries AS ready
+        JOIN {schema}.ready_entries AS ready
           ON ready.ready_slot = taken.ready_slot
          AND ready.ready_generation = taken.ready_generation
          AND ready.queue = taken.queue
@@ -355,7 +342,7 @@ SETTLE_SQL = f"""
          AND ready.job_id = taken.job_id
     ),
     attempt_rows AS (
-        DELETE FROM {{schema}}.attempt_state AS attempt
+        DELETE FROM {schema}.attempt_state AS attempt
         USING taken
         WHERE attempt.job_id = taken.job_id
           AND attempt.run_lease = taken.run_lease
@@ -366,9 +353,9 @@ SETTLE_SQL = f"""
             hydrated.*,
             attempt_rows.progress,
             CASE
-                WHEN $16::boolean THEN 'cancelled'
-                WHEN $14::boolean AND hydrated.attempt >= hydrated.max_attempts THEN
-                    CASE WHEN hydrated.queue = ANY($15::text[]) THEN 'dlq' ELSE 'failed' END
+                WHEN :cancel::boolean THEN 'cancelled'
+                WHEN :exhausts_to_failed::boolean AND hydrated.attempt >= hydrated.max_attempts THEN
+                    CASE WHEN hydrated.queue = ANY(:dlq_queues::text[]) THEN 'dlq' ELSE 'failed' END
                 ELSE 'retryable'
             END AS target
         FROM hydrated
@@ -380,13 +367,9 @@ SETTLE_SQL = f"""
         SELECT
             planned.*,
             planned.unique_key IS NOT NULL
-                AND {mask_claims("planned.unique_states", "planned.old_state")} AS old_claims,
+                AND {old_claims} AS old_claims,
             planned.unique_key IS NOT NULL AND planned.target <> 'cancelled'
-                AND {
-    mask_claims(
-        "planned.unique_states", "CASE planned.target WHEN 'dlq' THEN 'failed' ELSE planned.target END"
-    )
-} AS new_claims
+                AND {new_claims} AS new_claims
         FROM planned
     ),
     wanted AS (
@@ -417,11 +400,7 @@ SETTLE_SQL = f"""
         DELETE FROM awa.job_unique_claims AS held
         USING settled
         WHERE settled.old_claims
-          AND NOT {
-    mask_claims(
-        "settled.unique_states", "CASE settled.outcome WHEN 'dlq' THEN 'failed' ELSE settled.outcome END"
-    )
-}
+          AND NOT {still_claims}
           AND held.unique_key = settled.unique_key
           AND held.job_id = settled.job_id
         RETURNING held.job_id
@@ -435,7 +414,7 @@ SETTLE_SQL = f"""
                       + awa.backoff_duration(settled.attempt, settled.max_attempts)
                  ELSE settled.run_at END AS next_run_at,
             CASE WHEN settled.progress IS NULL THEN settled.base_payload
-                 ELSE jsonb_set(settled.base_payload, '{{progress}}', settled.progress) END
+                 ELSE jsonb_set(settled.base_payload, '{progress}', settled.progress) END
             || jsonb_build_object(
                 'errors',
                 CASE WHEN jsonb_typeof(settled.base_payload -> 'errors') = 'array'
@@ -447,11 +426,11 @@ SETTLE_SQL = f"""
                         'at', clock_timestamp()
                     )
                     || CASE WHEN settled.target IN ('failed', 'dlq')
-                            THEN '{{"terminal": true}}'::jsonb ELSE '{{}}'::jsonb END
+                            THEN '{"terminal": true}'::jsonb ELSE '{}'::jsonb END
                 )
                 || CASE WHEN settled.outcome = 'cancelled'
                         THEN jsonb_build_array(jsonb_build_object(
-                            'error', $17::text,
+                            'error', :duplicate_error::text,
                             'attempt', settled.attempt,
                             'at', clock_timestamp(),
                             'terminal', true
@@ -461,11 +440,11 @@ SETTLE_SQL = f"""
         FROM settled
     ),
     receipt_row_closures AS (
-        INSERT INTO {{schema}}.lease_claim_closures
+        INSERT INTO {schema}.lease_claim_closures
             (claim_slot, job_id, run_lease, outcome, closed_at)
-        SELECT claims.claim_slot, claims.job_id, claims.run_lease, '{OUTCOME_SETTLED}',
+        SELECT claims.claim_slot, claims.job_id, claims.run_lease, 'rescue',
                clock_timestamp()
-        FROM {{schema}}.lease_claims AS claims
+        FROM {schema}.lease_claims AS claims
         JOIN finished
           ON finished.job_id = claims.job_id
          AND finished.run_lease = claims.run_lease
@@ -473,7 +452,7 @@ SETTLE_SQL = f"""
         RETURNING claim_slot, job_id, run_lease, closed_at
     ),
     receipt_rows_marked AS (
-        UPDATE {{schema}}.lease_claims AS claims
+        UPDATE {schema}.lease_claims AS claims
         SET closed_at = COALESCE(claims.closed_at, receipt_row_closures.closed_at)
         FROM receipt_row_closures
         WHERE claims.claim_slot = receipt_row_closures.claim_slot
@@ -485,11 +464,11 @@ SETTLE_SQL = f"""
         -- Each compact batch holding a settled attempt, unnested once.
         SELECT claim_batches.claim_slot, claim_batches.ready_slot,
                claim_batches.ready_generation, items.job_id, items.run_lease, items.receipt_id
-        FROM {{schema}}.lease_claim_batches AS claim_batches
+        FROM {schema}.lease_claim_batches AS claim_batches
         CROSS JOIN LATERAL unnest(
             claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids
         ) AS items(job_id, run_lease, receipt_id)
-        WHERE claim_batches.job_ids && $3::bigint[]
+        WHERE claim_batches.job_ids && :job_id::bigint[]
     ),
     open_batch_items AS (
         SELECT items.claim_slot, items.ready_slot, items.ready_generation, items.receipt_id
@@ -498,24 +477,24 @@ SETTLE_SQL = f"""
           ON finished.job_id = items.job_id
          AND finished.run_lease = items.run_lease
         WHERE NOT EXISTS (
-              SELECT 1 FROM {{schema}}.lease_claim_closures AS closures
+              SELECT 1 FROM {schema}.lease_claim_closures AS closures
               WHERE closures.claim_slot = items.claim_slot
                 AND closures.job_id = items.job_id
                 AND closures.run_lease = items.run_lease
           )
           AND NOT EXISTS (
-              SELECT 1 FROM {{schema}}.lease_claim_closure_batches AS closure_batches
+              SELECT 1 FROM {schema}.lease_claim_closure_batches AS closure_batches
               WHERE closure_batches.claim_slot = items.claim_slot
                 AND closure_batches.receipt_ranges @> items.receipt_id
           )
     ),
     receipt_batch_closures AS (
-        INSERT INTO {{schema}}.lease_claim_closure_batches (
+        INSERT INTO {schema}.lease_claim_closure_batches (
             claim_slot, ready_slot, ready_generation, outcome, closed_count,
             receipt_ids, receipt_ranges, closed_at
         )
         SELECT
-            claim_slot, ready_slot, ready_generation, '{OUTCOME_SETTLED}', count(*)::int,
+            claim_slot, ready_slot, ready_generation, 'rescue', count(*)::int,
             array_agg(receipt_id ORDER BY receipt_id),
             range_agg(int8range(receipt_id, receipt_id + 1, '[)') ORDER BY receipt_id),
             clock_timestamp()
@@ -524,7 +503,7 @@ SETTLE_SQL = f"""
         RETURNING claim_slot
     ),
     deferred_rows AS (
-        INSERT INTO {{schema}}.deferred_jobs (
+        INSERT INTO {schema}.deferred_jobs (
             job_id, kind, queue, args, state, priority, attempt, run_lease, max_attempts,
             run_at, attempted_at, finalized_at, created_at, unique_key, unique_states, payload
         )
@@ -536,7 +515,7 @@ SETTLE_SQL = f"""
         RETURNING job_id
     ),
     done_rows AS (
-        INSERT INTO {{schema}}.done_entries (
+        INSERT INTO {schema}.done_entries (
             ready_slot, ready_generation, job_id, kind, queue, state, priority, attempt,
             run_lease, lane_seq, enqueue_shard, attempted_at, finalized_at, payload
         )
@@ -548,20 +527,20 @@ SETTLE_SQL = f"""
         RETURNING job_id
     ),
     terminal_deltas AS (
-        INSERT INTO {{schema}}.queue_terminal_count_deltas (
+        INSERT INTO {schema}.queue_terminal_count_deltas (
             ready_slot, ready_generation, queue, priority, enqueue_shard, counter_bucket,
             terminal_delta
         )
         SELECT ready_slot, ready_generation, queue, priority, enqueue_shard,
-               (job_id % {TERMINAL_COUNTER_BUCKETS})::smallint, count(*)
+               (job_id % {counter_buckets})::smallint, count(*)
         FROM finished
         WHERE outcome IN ('failed', 'cancelled')
         GROUP BY ready_slot, ready_generation, queue, priority, enqueue_shard,
-                 (job_id % {TERMINAL_COUNTER_BUCKETS})::smallint
+                 (job_id % {counter_buckets})::smallint
         RETURNING terminal_delta
     ),
     dlq_rows AS (
-        INSERT INTO {{schema}}.dlq_entries (
+        INSERT INTO {schema}.dlq_entries (
             job_id, kind, queue, args, state, priority, attempt, run_lease, max_attempts,
             run_at, attempted_at, finalized_at, created_at, unique_key, unique_states, payload,
             dlq_reason, dlq_at, original_run_lease
@@ -569,7 +548,7 @@ SETTLE_SQL = f"""
         SELECT
             job_id, kind, queue, args, 'failed', priority, attempt, run_lease, max_attempts,
             run_at, attempted_at, settled_at, created_at, unique_key, unique_states, payload,
-            $18::text, settled_at, run_lease
+            :dlq_reason::text, settled_at, run_lease
         FROM finished
         WHERE outcome = 'dlq'
         RETURNING job_id
@@ -593,22 +572,20 @@ SETTLE_SQL = f"""
         outcome
     FROM finished
     ORDER BY job_id
-"""
+""",
+    old_claims=mask_claims("planned.unique_states", "planned.old_state"),
+    new_claims=mask_claims(
+        "planned.unique_states", "CASE planned.target WHEN 'dlq' THEN 'failed' ELSE planned.target END"
+    ),
+    still_claims=mask_claims(
+        "settled.unique_states", "CASE settled.outcome WHEN 'dlq' THEN 'failed' ELSE settled.outcome END"
+    ),
+    counter_buckets=str(TERMINAL_COUNTER_BUCKETS),
+)
 
 
 #: Transaction-local: no JIT for the rescue statements.
-NO_JIT_SQL = "SET LOCAL jit = off"
-
-
-def sql_literal(text: str) -> str:
-    """A constant (never user input) as an SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
-
-
-def in_schema(ctx: MaintenanceContext, template: str) -> str:
-    """``template`` with ``{schema}`` filled in: the queue-storage schema from
-    ``awa.storage_status()`` (a validated plain identifier)."""
-    return template.replace("{schema}", ctx.schema.queue_storage_schema)
+NO_JIT_SQL = Statement("SET LOCAL jit = off")
 
 
 class SettleMismatch(Exception):
@@ -676,7 +653,7 @@ async def rescue_batch(ctx: MaintenanceContext, rescue: QueueStorageRescue, limi
         # The planner prices these statements (subplans over every ring
         # partition) above jit_above_cost; compiling them costs seconds,
         # running them milliseconds.
-        await conn.execute(NO_JIT_SQL)
+        await conn.execute(*NO_JIT_SQL.bind())
         taken: list[Any] = []
         try:
             async with conn.transaction():
@@ -766,13 +743,15 @@ async def settle(
         if rescue.exhausts_to_failed and ctx.config.dlq_policy.enabled_for(queue)
     )
     records = await conn.fetch(
-        in_schema(ctx, SETTLE_SQL),
-        *(columns[name] for name in TAKEN_COLUMNS),
-        rescue.exhausts_to_failed,
-        dlq_queues,
-        cancel,
-        rescue.duplicate_error,
-        CALLBACK_TIMEOUT_DLQ_REASON,
+        *SETTLE_SQL.bind(
+            ctx.schema.queue_storage_schema,
+            **columns,
+            exhausts_to_failed=rescue.exhausts_to_failed,
+            dlq_queues=dlq_queues,
+            cancel=cancel,
+            duplicate_error=rescue.duplicate_error,
+            dlq_reason=CALLBACK_TIMEOUT_DLQ_REASON,
+        )
     )
     missing = {int(row["job_id"]) for row in taken} - {int(record["id"]) for record in records}
     if missing:
@@ -783,24 +762,27 @@ async def settle(
 async def take_receipts(
     conn: Connection,
     ctx: MaintenanceContext,
-    lock_sql: str,
-    lock_params: Sequence[Any],
+    lock: Statement,
+    lock_params: Mapping[str, Any],
     *,
     outcome: str,
     error: str,
 ) -> list[Any]:
-    """Receipt side of a take: lock (statement given), then close (a fresh
-    snapshot, after the locks)."""
-    locked = await conn.fetch(in_schema(ctx, lock_sql), *lock_params)
+    """Receipt side of a take: lock (statement given, with its parameters by
+    name), then close (a fresh snapshot, after the locks)."""
+    schema = ctx.schema.queue_storage_schema
+    locked = await conn.fetch(*lock.bind(schema, **lock_params))
     if not locked:
         return []
     return await conn.fetch(
-        in_schema(ctx, CLOSE_RECEIPTS_SQL),
-        [row["claim_slot"] for row in locked],
-        [row["job_id"] for row in locked],
-        [row["run_lease"] for row in locked],
-        outcome,
-        error,
+        *CLOSE_RECEIPTS_SQL.bind(
+            schema,
+            claim_slots=[row["claim_slot"] for row in locked],
+            job_ids=[row["job_id"] for row in locked],
+            run_leases=[row["run_lease"] for row in locked],
+            outcome=outcome,
+            error=error,
+        )
     )
 
 

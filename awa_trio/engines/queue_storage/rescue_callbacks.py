@@ -24,35 +24,36 @@ from ...context import MaintenanceContext
 from ...db import Connection
 from ...hooks import RescueReason
 from ...maintenance.rescue import RescueResult
-from .rescue import (
-    QueueStorageRescue,
-    in_schema,
-    run_rescue,
-    take_leases_sql,
-)
+from ...sql import Statement
+from .rescue import TAKE_LEASES_TEMPLATE, QueueStorageRescue, run_rescue
 
 NAME = "rescue_expired_callbacks"
 METRIC_KIND = "callback_timeout"
 RESCUE_ERROR = "callback timed out"
 DUPLICATE_ERROR = "rescued as duplicate: callback timed out and unique claim held by a newer job"
 
-# $1 = row limit, $2 = job ids or NULL.
-TAKE_EXPIRED_CALLBACKS_SQL = take_leases_sql(
-    predicate=(
-        "lease.state = 'waiting_external' AND lease.callback_timeout_at IS NOT NULL "
-        "AND lease.callback_timeout_at < clock_timestamp()"
-    ),
-    order_by="lease.callback_timeout_at",
-    error=RESCUE_ERROR,
-    limit="$1",
-    job_filter="$2",
+# :limit (rows), :job_ids (NULL: any job), :error.
+TAKE_EXPIRED_CALLBACKS_SQL = Statement(
+    TAKE_LEASES_TEMPLATE(
+        predicate=(
+            "lease.state = 'waiting_external' AND lease.callback_timeout_at IS NOT NULL "
+            "AND lease.callback_timeout_at < clock_timestamp()"
+        ),
+        order_by="lease.callback_timeout_at",
+    )
 )
 
 
 async def take_expired_callbacks(
     conn: Connection, ctx: MaintenanceContext, limit: int, job_ids: list[int] | None
 ) -> list:
-    return list(await conn.fetch(in_schema(ctx, TAKE_EXPIRED_CALLBACKS_SQL), limit, job_ids))
+    return list(
+        await conn.fetch(
+            *TAKE_EXPIRED_CALLBACKS_SQL.bind(
+                ctx.schema.queue_storage_schema, limit=limit, job_ids=job_ids, error=RESCUE_ERROR
+            )
+        )
+    )
 
 
 RESCUE = QueueStorageRescue(
