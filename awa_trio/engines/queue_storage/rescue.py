@@ -107,16 +107,12 @@ OUTCOME_DEADLINE_RECEIPT = "deadline_expired"
 #: (Written as the literal 'rescue' in SETTLE_SQL.)
 OUTCOME_SETTLED = "rescue"
 
-# No closure evidence for one attempt, as upstream's readers and prune gates
-# judge it: no explicit closure, no closure batch holding its receipt, no
-# terminal, deferred or DLQ row of the same (job_id, run_lease). Written as
-# a conjunction of NOT EXISTS (not NOT (a OR b ...)) so that the planner can
-# turn each into an anti-join over a whole batch of candidates instead of
-# probing every table once per candidate. {claim_slot}, {job_id},
+# No closure in the receipt ledgers for one receipt: no explicit closure, no
+# closure batch holding it. The settle statement closes what this finds
+# still open; STILL_OPEN adds the successor rows. {claim_slot}, {job_id},
 # {run_lease}, {receipt_id} name columns (of one alias, or of two: a compact
 # item takes its claim slot from its batch).
-STILL_OPEN = Fragment("""(
-    NOT EXISTS (
+_NOT_CLOSED_IN_LEDGERS = """NOT EXISTS (
         SELECT 1 FROM {schema}.lease_claim_closures AS closures
         WHERE closures.claim_slot = {claim_slot}
           AND closures.job_id = {job_id}
@@ -126,7 +122,20 @@ STILL_OPEN = Fragment("""(
         SELECT 1 FROM {schema}.lease_claim_closure_batches AS closure_batches
         WHERE closure_batches.claim_slot = {claim_slot}
           AND closure_batches.receipt_ranges @> {receipt_id}
-    )
+    )"""
+NOT_CLOSED_IN_LEDGERS = Fragment(_NOT_CLOSED_IN_LEDGERS)
+
+# No closure evidence for one attempt, as upstream's readers and prune gates
+# judge it: not closed in the ledgers, and no terminal, deferred or DLQ row
+# of the same (job_id, run_lease). Written as a conjunction of NOT EXISTS
+# (not NOT (a OR b ...)) so that the planner can turn each into an anti-join
+# over a whole batch of candidates instead of probing every table once per
+# candidate. Slots as NOT_CLOSED_IN_LEDGERS.
+STILL_OPEN = Fragment(
+    """(
+    """
+    + _NOT_CLOSED_IN_LEDGERS
+    + """
     AND NOT EXISTS (
         SELECT 1 FROM {schema}.done_entries AS done
         WHERE done.job_id = {job_id} AND done.run_lease = {run_lease}
@@ -139,7 +148,8 @@ STILL_OPEN = Fragment("""(
         SELECT 1 FROM {schema}.dlq_entries AS dlq
         WHERE dlq.job_id = {job_id} AND dlq.run_lease = {run_lease}
     )
-)""")
+)"""
+)
 
 
 #: The worker's completion lock of one receipt attempt (upstream's key).
@@ -476,17 +486,7 @@ SETTLE_SQL = Statement(
         JOIN finished
           ON finished.job_id = items.job_id
          AND finished.run_lease = items.run_lease
-        WHERE NOT EXISTS (
-              SELECT 1 FROM {schema}.lease_claim_closures AS closures
-              WHERE closures.claim_slot = items.claim_slot
-                AND closures.job_id = items.job_id
-                AND closures.run_lease = items.run_lease
-          )
-          AND NOT EXISTS (
-              SELECT 1 FROM {schema}.lease_claim_closure_batches AS closure_batches
-              WHERE closure_batches.claim_slot = items.claim_slot
-                AND closure_batches.receipt_ranges @> items.receipt_id
-          )
+        WHERE {open_batch_items_not_closed}
     ),
     receipt_batch_closures AS (
         INSERT INTO {schema}.lease_claim_closure_batches (
@@ -581,6 +581,12 @@ SETTLE_SQL = Statement(
         "settled.unique_states", "CASE settled.outcome WHEN 'dlq' THEN 'failed' ELSE settled.outcome END"
     ),
     counter_buckets=str(TERMINAL_COUNTER_BUCKETS),
+    open_batch_items_not_closed=NOT_CLOSED_IN_LEDGERS(
+        claim_slot="items.claim_slot",
+        job_id="items.job_id",
+        run_lease="items.run_lease",
+        receipt_id="items.receipt_id",
+    ),
 )
 
 
