@@ -20,6 +20,10 @@ from ..jobs import JobRow
 log = logging.getLogger(__name__)
 
 PROMOTABLE_STATES = ("scheduled", "retryable")
+#: Each promotable state as the SQL literal the engines' statements place at
+#: import: a literal, not a parameter, so the planner can use the partial
+#: index per state (a generic plan cannot prove it applies to a parameter).
+STATE_LITERALS = {state: f"'{state}'" for state in PROMOTABLE_STATES}
 
 
 @dataclasses.dataclass

@@ -28,7 +28,7 @@ from ...context import MaintenanceContext
 from ...db import DatabaseError, QueryError, UniqueViolation, describe_error, row_level_refusal
 from ...hooks import JobCancelled
 from ...jobs import JOB_COLUMNS, JobRow
-from ...maintenance.promotion import PROMOTABLE_STATES, PromoteResult, promote_due
+from ...maintenance.promotion import PROMOTABLE_STATES, STATE_LITERALS, PromoteResult, promote_due
 from ...maintenance.promotion import promote_row_by_row as shared_row_by_row
 from ...sql import Statement
 from .unique_claims import holder_text, unique_claim_holder
@@ -46,7 +46,7 @@ DUPLICATE_ERROR = "cancelled as duplicate: came due while another job held its u
 # index `(run_at, id, queue) WHERE state = '<state>'` on scheduled_jobs; with a
 # parameter a generic plan cannot prove the index applies. So each state has
 # its own statement, the literal placed at import ({state}, from
-# _STATE_LITERALS). Everything that describes where
+# STATE_LITERALS). Everything that describes where
 # a job runs (heartbeat, deadline, callback) is cleared; attempt, run_lease,
 # errors and progress travel unchanged.
 #
@@ -81,16 +81,13 @@ _PROMOTE_DUE_SQL_TEMPLATE = """
     FROM due
     RETURNING {returning}
 """
-#: Each state of PROMOTABLE_STATES as the SQL literal its statements compare
-#: with (see above), written out.
-_STATE_LITERALS = {"scheduled": "'scheduled'", "retryable": "'retryable'"}
 _COLUMNS_SQL = ", ".join(JOB_COLUMNS)
 _BATCH_SELECTION = "ORDER BY run_at, id LIMIT :limit"
 _ONE_SELECTION = "AND id = :job_id"
 PROMOTE_DUE_SQL = {
     state: Statement(
         _PROMOTE_DUE_SQL_TEMPLATE,
-        state=_STATE_LITERALS[state],
+        state=STATE_LITERALS[state],
         selection=_BATCH_SELECTION,
         columns=_COLUMNS_SQL,
         returning="queue",
@@ -101,7 +98,7 @@ PROMOTE_DUE_SQL = {
 PROMOTE_ONE_SQL = {
     state: Statement(
         _PROMOTE_DUE_SQL_TEMPLATE,
-        state=_STATE_LITERALS[state],
+        state=STATE_LITERALS[state],
         selection=_ONE_SELECTION,
         columns=_COLUMNS_SQL,
         returning=_COLUMNS_SQL,
@@ -117,7 +114,7 @@ _DUE_IDS_TEMPLATE = """
         LIMIT :limit
     """
 DUE_IDS_SQL = {
-    state: Statement(_DUE_IDS_TEMPLATE, state=_STATE_LITERALS[state]) for state in PROMOTABLE_STATES
+    state: Statement(_DUE_IDS_TEMPLATE, state=STATE_LITERALS[state]) for state in PROMOTABLE_STATES
 }
 
 # Which states have due rows, in one round trip (the partial index per

@@ -67,7 +67,7 @@ from ...db import (
     QueryError,
     UniqueViolation,
 )
-from ...maintenance.promotion import PROMOTABLE_STATES, PromoteResult, promote_due
+from ...maintenance.promotion import PROMOTABLE_STATES, STATE_LITERALS, PromoteResult, promote_due
 from ...maintenance.promotion import promote_row_by_row as shared_row_by_row
 from ...sql import Fragment, Statement
 from .layout import mask_claims, schema_name
@@ -81,10 +81,6 @@ PROMOTE_MAX_BATCHES_PER_TICK = 32
 #: Due rows looked at when checking for lanes that do not exist yet.
 LANE_CHECK_WINDOW = PROMOTE_BATCH_SIZE * PROMOTE_MAX_BATCHES_PER_TICK
 
-
-#: Each state of PROMOTABLE_STATES as the SQL literal its statements compare
-#: with ({state}: a literal, not a parameter, for the plans; see below).
-_STATE_LITERALS = {"scheduled": "'scheduled'", "retryable": "'retryable'"}
 
 # A row "gains a claim" when its mask claims `available` but not its waiting
 # state, and "drops its claim" in the opposite case (as upstream's
@@ -319,7 +315,7 @@ def file_sql(schema: str, lanes: Iterable[Mapping[str, Any]]) -> str:
 def _pick_sql(state: str, selection: str) -> Statement:
     return Statement(
         _PICK_SQL_TEMPLATE,
-        state=_STATE_LITERALS[state],
+        state=STATE_LITERALS[state],
         selection=selection,
         gains_claim=_GAINS_CLAIM(**_claim_columns("deferred", state)),
         gains_claim_picked=_GAINS_CLAIM(**_claim_columns("picked", state)),
@@ -353,7 +349,7 @@ _DUE_IDS_TEMPLATE = """
         LIMIT :limit
     """
 DUE_IDS_SQL = {
-    state: Statement(_DUE_IDS_TEMPLATE, state=_STATE_LITERALS[state]) for state in PROMOTABLE_STATES
+    state: Statement(_DUE_IDS_TEMPLATE, state=STATE_LITERALS[state]) for state in PROMOTABLE_STATES
 }
 
 # Lanes (queue, priority, every shard of the queue) that due rows of unpaused
@@ -396,7 +392,7 @@ _MISSING_LANES_TEMPLATE = """
         ORDER BY due.queue COLLATE "C", due.priority, shard.enqueue_shard
     """
 MISSING_LANES_SQL = {
-    state: Statement(_MISSING_LANES_TEMPLATE, state=_STATE_LITERALS[state]) for state in PROMOTABLE_STATES
+    state: Statement(_MISSING_LANES_TEMPLATE, state=STATE_LITERALS[state]) for state in PROMOTABLE_STATES
 }
 
 # Creating a lane, as producers do: under the lane's transaction lock (same
@@ -462,8 +458,8 @@ _HAS_DUE_ROWS = Fragment("""EXISTS (
        )""")
 DUE_STATES_SQL = Statement(
     "SELECT {scheduled} AS scheduled,\n       {retryable} AS retryable",
-    scheduled=_HAS_DUE_ROWS(state=_STATE_LITERALS["scheduled"]),
-    retryable=_HAS_DUE_ROWS(state=_STATE_LITERALS["retryable"]),
+    scheduled=_HAS_DUE_ROWS(state=STATE_LITERALS["scheduled"]),
+    retryable=_HAS_DUE_ROWS(state=STATE_LITERALS["retryable"]),
 )
 
 #: One rotor per process: successive batches spread over a queue's shards.
