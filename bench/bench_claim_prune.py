@@ -31,6 +31,7 @@ import trio
 
 from awa_trio.db import open_database
 from awa_trio.engines.queue_storage import lease_claim_rings, rotate_claim, rotate_lease
+from awa_trio.sql import Statement
 from awa_trio.tracker import PruneOutcome
 
 SIZES = (1_000, 10_000, 50_000)
@@ -109,7 +110,7 @@ async def measure(dsn: str) -> list[tuple]:
         assert schema.runs_queue_storage, "the awa-pg runtime did not finalise queue storage"
         ctx = MaintenanceContext.standalone(db=db, config=MaintenanceConfig(), metrics=MaintenanceMetrics(None),
                                  schema=schema)
-        proof_sql = rotate_claim.CLAIM_RING_TABLES.fill(rotate_claim.CLAIM_OPEN_SQL, "awa", 0)
+        [proof_sql] = rotate_claim.CLAIM_RING_TABLES.bind(rotate_claim.CLAIM_OPEN_SQL, "awa", 0)
         for size in SIZES:
             upstream, ours, prunes = [], [], []
             for _ in range(REPEATS):
@@ -134,7 +135,7 @@ async def measure(dsn: str) -> list[tuple]:
 
         idle = []
         for tables in (rotate_lease.LEASE_RING_TABLES, rotate_claim.CLAIM_RING_TABLES):
-            always_truncating = dataclasses.replace(tables, clean_sql="SELECT false")
+            always_truncating = dataclasses.replace(tables, clean_sql=Statement("SELECT false"))
             medians = []
             for variant in (tables, always_truncating):
                 ticks = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...context import MaintenanceContext
+from ...sql import Fragment, Statement
 
 #: How long a prune waits for a slot's exclusive locks before it gives way to
 #: the readers holding them and reports Blocked (upstream's prune lock timeout).
@@ -25,24 +26,43 @@ JOB_STATE_ORDER = (
 )  # fmt: skip
 
 
+#: Does the unique-state mask ``{mask}`` (awa's bit(8) as text) claim the
+#: state at 1-based ``{position}``? The one place the mask is decoded.
+MASK_CLAIMS = Fragment("COALESCE(substr({mask}, {position}, 1) = '1', false)")
+#: The 1-based enum position of ``{state}``, an SQL expression of type awa.job_state.
+STATE_POSITION = Fragment("array_position(enum_range(NULL::awa.job_state), ({state})::awa.job_state)")
+
+
 def mask_claims(mask: str, state: str) -> str:
     """SQL: does the unique-state mask ``mask`` claim ``state``? ``state`` is a
     state name (its position is known here, so the predicate is constant
     per row) or an SQL expression of type awa.job_state (looked up in the
-    enum). The one place the mask is decoded."""
+    enum). Both arguments are SQL text written by the callers' modules."""
     if state in JOB_STATE_ORDER:
         position = str(JOB_STATE_ORDER.index(state) + 1)
     else:
-        position = f"array_position(enum_range(NULL::awa.job_state), ({state})::awa.job_state)"
-    return f"COALESCE(substr({mask}, {position}, 1) = '1', false)"
+        position = STATE_POSITION(state=state)
+    return MASK_CLAIMS(mask=mask, position=position)
 
 
-RING_SIZES_SQL = """
+#: The slot that holds the queue-storage schema as an SQL string literal
+#: (``'awa'``), for statements that look a relation up by name in the
+#: catalog. A fragment leaves it to its statement, as it leaves ``{schema}``;
+#: :func:`schema_literal` gives its value.
+SCHEMA_LITERAL = "{schema_literal}"
+
+
+def schema_literal(schema: str) -> str:
+    """``schema`` (a validated plain identifier) as an SQL string literal."""
+    return "'" + schema.replace("'", "''") + "'"
+
+
+RING_SIZES_SQL = Statement("""
     SELECT
         (SELECT slot_count FROM {schema}.queue_ring_state WHERE singleton) AS queue_slots,
         (SELECT slot_count FROM {schema}.lease_ring_state WHERE singleton) AS lease_slots,
         (SELECT slot_count FROM {schema}.claim_ring_state WHERE singleton) AS claim_slots
-"""
+""")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +73,6 @@ class QueueStorageLayout:
     lease_slots: int
     claim_slots: int
 
-    def sql(self, template: str) -> str:
-        """``template`` with ``{schema}`` filled in (the only interpolation we do)."""
-        return template.format(schema=self.schema)
-
 
 def schema_name(ctx: MaintenanceContext) -> str:
     return ctx.schema.queue_storage_schema
@@ -66,7 +82,7 @@ async def read_layout(ctx: MaintenanceContext) -> QueueStorageLayout:
     """Ring sizes, read per call (a single-row lookup; rings are resized only
     by a migration, but reading keeps no stale copy across terms)."""
     schema = schema_name(ctx)
-    row = await ctx.db.fetchone(RING_SIZES_SQL.format(schema=schema))
+    row = await ctx.db.fetchone(*RING_SIZES_SQL.bind(schema))
     return QueueStorageLayout(
         schema=schema,
         queue_slots=int(row["queue_slots"]),

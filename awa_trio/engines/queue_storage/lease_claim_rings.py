@@ -43,20 +43,50 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from ...context import MaintenanceContext
 from ...db import LOCK_NOT_AVAILABLE, QueryError
+from ...sql import Fragment, Statement
 from ...tracker import PruneOutcome
-from .layout import PRUNE_LOCK_TIMEOUT, schema_name
+from .layout import PRUNE_LOCK_TIMEOUT, SCHEMA_LITERAL, schema_literal, schema_name
 from .queue_ring import READ_COMMITTED
 from .rings import PruneResult, RingCursor, RotateResult
 
-#: Busy and live-row counts stop at this many rows per child: enough to tell
-#: "one straggler" from "a backlog", never a full scan of a big partition.
-ROW_COUNT_CAP = 1000
+# Busy and live-row counts stop at 1000 rows per child (LIMIT 1000 in the
+# two fragments below): enough to tell "one straggler" from "a backlog",
+# never a full scan of a big partition.
 
-#: Columns of the cursor in ROTATE_SQL that are not blocker counts.
-CURSOR_COLUMNS = ("current_slot", "generation", "slot_count", "moved", "oldest_clean")
+#: Rows in ``{table}``, counted up to 1000.
+BOUNDED_ROW_COUNT = Fragment("(SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT 1000) AS capped)")
+
+#: For ROTATE_SQL's ``{busy_columns}``: rows of the slot about to become
+#: current in ``{parent}`` (whose slot column is ``{slot_column}``), counted
+#: up to 1000.
+BOUNDED_ROWS_IN_NEXT_SLOT = Fragment(
+    "(SELECT count(*) FROM (SELECT 1 FROM {schema}.{parent} WHERE {slot_column} = next.slot "
+    "LIMIT 1000) AS capped)"
+)
+
+#: Total heap size of the children named ``{child_names}`` (a list of SQL
+#: text expressions, e.g. ``'leases_' || ({slot})``; 0 = nothing to
+#: reclaim). Looked up by name in pg_class, so the slot may be an
+#: expression: ROTATE_SQL asks it of a slot that only the statement itself
+#: knows (:data:`OLDEST_SLOT`). The child names are written out by each ring:
+#: a parent's name sits inside a string literal, where no slot is filled.
+HEAP_PAGES = Fragment(
+    "(SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child "
+    "WHERE child.relnamespace = {schema_literal}::regnamespace AND child.relname IN ({child_names}))"
+)
+
+
+def heap_pages(child_names: str) -> str:
+    """:data:`HEAP_PAGES` over ``child_names``, ``{schema_literal}`` left to the statement."""
+    return HEAP_PAGES(schema_literal=SCHEMA_LITERAL, child_names=child_names)
+
+
+#: The slot ROTATE_SQL's ``{oldest_clean}`` is asked of (its ``oldest`` CTE).
+OLDEST_SLOT = "oldest.slot"
 
 # One round trip per tick: read the cursor, count what the slot after it still
 # holds ({busy_columns}, read from the parent tables for `next.slot`, so
@@ -64,6 +94,7 @@ CURSOR_COLUMNS = ("current_slot", "generation", "slot_count", "moved", "oldest_c
 # cursor only if that slot is empty and nobody moved the cursor since it was
 # read (the compare-and-set on slot and generation). The moved cursor stamps
 # its slot row with the generation it now holds, as the queue ring does.
+# Each ring places it once, at import (:func:`rotate_statement`).
 #
 # The cursor row is locked SKIP LOCKED: a prune holding it (ours runs after
 # the rotation, a foreign leader's at any time) makes the tick a lost
@@ -76,7 +107,7 @@ CURSOR_COLUMNS = ("current_slot", "generation", "slot_count", "moved", "oldest_c
 # The prune that follows wants to know whether the slot that will then be the
 # oldest sealed one has anything to reclaim ({oldest_clean}, over
 # `oldest.slot`): asked here, it costs the idle tick no statement of its own.
-ROTATE_SQL = """
+ROTATE_SQL = Fragment("""
     WITH cursor AS (
         SELECT current_slot, generation, slot_count, (current_slot + 1) % slot_count AS next_slot
         FROM {schema}.{ring}_ring_state
@@ -120,87 +151,94 @@ ROTATE_SQL = """
            (SELECT ({oldest_clean}) FROM oldest) AS oldest_clean,
            busy.*
     FROM cursor CROSS JOIN busy LEFT JOIN moved ON true
-"""
+""")
+
+
+def rotate_statement(*, ring: str, busy_columns: str, slot_is_empty: str, clean_sql: Statement) -> Statement:
+    """ROTATE_SQL for one ring: its blocker columns, the condition that they
+    are all 0, and its ``clean_sql`` asked of :data:`OLDEST_SLOT`."""
+    placed = ROTATE_SQL(
+        ring=ring,
+        busy_columns=busy_columns,
+        slot_is_empty=slot_is_empty,
+        oldest_clean=clean_sql.text.strip(),
+    )
+    return Statement(placed, slot=OLDEST_SLOT)
+
 
 # Serialises the prune with rotation (and any other prune) for its whole
 # transaction.
-LOCK_CURSOR_SQL = """
+LOCK_CURSOR_SQL = Statement("""
     SELECT current_slot, generation, slot_count
     FROM {schema}.{ring}_ring_state
     WHERE singleton
     FOR UPDATE
-"""
+""")
 
-LOCK_SLOT_ROW_SQL = """
-    SELECT slot FROM {schema}.{ring}_ring_slots WHERE slot = $1 FOR UPDATE
-"""
+LOCK_SLOT_ROW_SQL = Statement("""
+    SELECT slot FROM {schema}.{ring}_ring_slots WHERE slot = :slot FOR UPDATE
+""")
 
-CURRENT_SLOT_SQL = """
+CURRENT_SLOT_SQL = Statement("""
     SELECT current_slot FROM {schema}.{ring}_ring_state WHERE singleton
-"""
+""")
 
-SET_LOCAL_LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', $1, true)"
+SET_LOCAL_LOCK_TIMEOUT_SQL = Statement("SELECT set_config('lock_timeout', :lock_timeout, true)")
 
-LOCK_CHILDREN_SQL = "LOCK TABLE {children} IN ACCESS EXCLUSIVE MODE"
+LOCK_CHILDREN_SQL = Statement("LOCK TABLE {children} IN ACCESS EXCLUSIVE MODE")
 
-TRUNCATE_CHILDREN_SQL = "TRUNCATE TABLE {children}"
-
-
-def bounded_row_count(table: str) -> str:
-    """SQL expression: rows in ``table``, counted up to ROW_COUNT_CAP."""
-    return f"(SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT {ROW_COUNT_CAP}) AS capped)"
-
-
-def bounded_rows_in_next_slot(parent: str, slot_column: str) -> str:
-    """SQL expression for READ_CURSOR_AND_NEXT_SLOT_SQL: rows of the slot
-    about to become current in ``parent``, counted up to ROW_COUNT_CAP."""
-    return (
-        f"(SELECT count(*) FROM (SELECT 1 FROM {{schema}}.{parent} WHERE {slot_column} = next.slot "
-        f"LIMIT {ROW_COUNT_CAP}) AS capped)"
-    )
-
-
-def heap_pages_sql(parents: list[str]) -> str:
-    """SQL expression: total heap size of slot ``{slot}``'s children of
-    ``parents`` (0 = nothing to reclaim). Looked up by name in pg_class, so
-    ``{slot}`` may be an expression: ROTATE_SQL asks it of a slot that only
-    the statement itself knows."""
-    names = ", ".join(f"'{parent}_' || ({{slot}})" for parent in parents)
-    return (
-        "(SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child "
-        f"WHERE child.relnamespace = '{{schema}}'::regnamespace AND child.relname IN ({names}))"
-    )
+TRUNCATE_CHILDREN_SQL = Statement("TRUNCATE TABLE {children}")
 
 
 @dataclasses.dataclass(frozen=True)
 class RingTables:
-    """One ring's tables and labels; every ``*_sql`` is a template over
-    ``{schema}``, ``{slot}`` and one placeholder per child (its parent name),
-    filled with the child partition of that slot."""
+    """One ring's tables, statements and labels. The slot statements take
+    ``{schema}``, ``{schema_literal}``, ``{slot}`` and one identifier slot per
+    child (its parent name), filled with the child partition of that slot
+    (:meth:`bind`)."""
 
     #: ``awa.ring`` value and table prefix (``lease``, ``claim``).
     ring: str
     #: Parent tables whose ``<parent>_<slot>`` children make up one slot.
     children: tuple[str, ...]
     #: Columns named by upstream's blocker labels, each the rows found in the
-    #: slot about to become current (see ROTATE_SQL).
+    #: slot about to become current (ROTATE_SQL's ``{busy_columns}``).
     busy_columns: str
     #: Those labels: the slot is empty when every one of them is 0.
     busy_labels: tuple[str, ...]
+    #: That condition, over ROTATE_SQL's ``busy`` (its ``{slot_is_empty}``).
+    slot_is_empty: str
     #: Live rows that make truncating the slot unsafe (0 = safe).
-    live_sql: str
-    #: True when the slot holds nothing to reclaim (prune is then a Noop);
-    #: over ``{schema}`` and ``{slot}`` only, which may be an expression.
-    clean_sql: str
+    live_sql: Statement
+    #: True when the slot holds nothing to reclaim (prune is then a Noop).
+    clean_sql: Statement
     #: SkipReason labels: slot is the current one / slot still holds live rows.
     current_reason: str
     live_reason: str
     #: Run after TRUNCATE, in the same transaction, if any.
-    after_truncate_sql: str | None = None
+    after_truncate_sql: Statement | None = None
+    #: ROTATE_SQL placed for this ring, from the fields above (at import;
+    #: ``dataclasses.replace`` places it again).
+    rotate_sql: Statement = dataclasses.field(init=False, repr=False, compare=False)
 
-    def fill(self, template: str, schema: str, slot: int) -> str:
-        children = {parent: f"{schema}.{parent}_{slot}" for parent in self.children}
-        return template.format(schema=schema, slot=slot, ring=self.ring, **children)
+    def __post_init__(self) -> None:
+        rotate_sql = rotate_statement(
+            ring=self.ring,
+            busy_columns=self.busy_columns,
+            slot_is_empty=self.slot_is_empty,
+            clean_sql=self.clean_sql,
+        )
+        object.__setattr__(self, "rotate_sql", rotate_sql)
+
+    def bind(self, statement: Statement, schema: str, slot: int, **values: Any) -> tuple[Any, ...]:
+        """``statement`` bound for ``slot``: the identifiers it has slots for."""
+        identifiers = {
+            "slot": str(int(slot)),
+            "schema_literal": schema_literal(schema),
+            **{parent: f"{schema}.{parent}_{int(slot)}" for parent in self.children},
+        }
+        used = {name: value for name, value in identifiers.items() if name in statement.slots}
+        return statement.bind(schema if "schema" in statement.slots else None, **used, **values)
 
     def child_tables(self, schema: str, slot: int) -> list[str]:
         return [f"{schema}.{parent}_{slot}" for parent in self.children]
@@ -221,21 +259,13 @@ def oldest_sealed_slot(current_slot: int, generation: int, slot_count: int) -> t
 async def rotate_ring(ctx: MaintenanceContext, tables: RingTables) -> RotateResult:
     """Advance the ring's cursor onto the next slot if that slot is empty."""
     schema = schema_name(ctx)
-    slot_is_empty = " AND ".join(f'busy."{label}" = 0' for label in tables.busy_labels)
-    rotate_sql = ROTATE_SQL.format(
-        schema=schema,
-        ring=tables.ring,
-        busy_columns=tables.busy_columns.format(schema=schema),
-        slot_is_empty=slot_is_empty,
-        oldest_clean=tables.clean_sql.format(schema=schema, slot="oldest.slot").strip(),
-    )
-    [row] = await ctx.db.fetch(rotate_sql)
-    current, generation, slot_count = (int(row[column]) for column in CURSOR_COLUMNS[:3])
+    [row] = await ctx.db.fetch(*tables.rotate_sql.bind(schema, schema_literal=schema_literal(schema)))
+    current, generation, slot_count = int(row["current_slot"]), int(row["generation"]), int(row["slot_count"])
     if row["moved"]:
         cursor = RingCursor(current, generation, slot_count, oldest_clean=row["oldest_clean"])
         return RotateResult(rotated=True, slot=current, generation=generation, cursor=cursor)
     next_slot = (current + 1) % slot_count
-    blockers = {label: int(count) for label, count in row.items() if label not in CURSOR_COLUMNS}
+    blockers = {label: int(row[label]) for label in tables.busy_labels}
     if any(blockers.values()):
         return RotateResult(
             rotated=False,
@@ -268,50 +298,51 @@ async def prune_oldest(
             return PruneResult(outcome=PruneOutcome.NOOP)
         clean = cursor.oldest_clean
         if clean is None:
-            clean = await ctx.db.fetchval(tables.fill(tables.clean_sql, schema, oldest[0]))
+            clean = await ctx.db.fetchval(*tables.bind(tables.clean_sql, schema, oldest[0]))
         if clean:
             return PruneResult(outcome=PruneOutcome.NOOP, slot=oldest[0], details={"empty": True})
-    ring_sql = {"schema": schema, "ring": tables.ring}
     slot: int | None = None
     phase_seconds: dict[str, float] = {}
     try:
         # Read committed whatever the database default, as the queue ring:
         # the gates after the lock wait must see what committed during it.
         async with ctx.db.transaction(isolation=READ_COMMITTED) as conn:
-            locked = await conn.fetchone(LOCK_CURSOR_SQL.format(**ring_sql))
+            locked = await conn.fetchone(*LOCK_CURSOR_SQL.bind(schema, ring=tables.ring))
             oldest = oldest_sealed_slot(
                 int(locked["current_slot"]), int(locked["generation"]), int(locked["slot_count"])
             )
             if oldest is None:
                 return PruneResult(outcome=PruneOutcome.NOOP)
             slot = oldest[0]
-            if await conn.fetchval(LOCK_SLOT_ROW_SQL.format(**ring_sql), slot) is None:
+            if await conn.fetchval(*LOCK_SLOT_ROW_SQL.bind(schema, ring=tables.ring, slot=slot)) is None:
                 return PruneResult(outcome=PruneOutcome.NOOP, slot=slot)
-            if await conn.fetchval(tables.fill(tables.clean_sql, schema, slot)):
+            if await conn.fetchval(*tables.bind(tables.clean_sql, schema, slot)):
                 return PruneResult(outcome=PruneOutcome.NOOP, slot=slot, details={"empty": True})
 
-            live_sql = tables.fill(tables.live_sql, schema, slot)
-            live = int(await conn.fetchval(live_sql))
+            live_sql = tables.bind(tables.live_sql, schema, slot)
+            live = int(await conn.fetchval(*live_sql))
             if live:
                 return _skipped(slot, tables.live_reason, live, after_lock=False)
 
-            await conn.execute(SET_LOCAL_LOCK_TIMEOUT_SQL, f"{max(1, round(lock_timeout * 1000))}ms")
+            await conn.execute(
+                *SET_LOCAL_LOCK_TIMEOUT_SQL.bind(lock_timeout=f"{max(1, round(lock_timeout * 1000))}ms")
+            )
             children = ", ".join(tables.child_tables(schema, slot))
             locking = time.perf_counter()
-            await conn.execute(LOCK_CHILDREN_SQL.format(children=children))
+            await conn.execute(*LOCK_CHILDREN_SQL.bind(children=children))
             phase_seconds["lock"] = time.perf_counter() - locking
 
-            if int(await conn.fetchval(CURRENT_SLOT_SQL.format(**ring_sql))) == slot:
+            if int(await conn.fetchval(*CURRENT_SLOT_SQL.bind(schema, ring=tables.ring))) == slot:
                 return _skipped(slot, tables.current_reason, 0, after_lock=True)
-            live = int(await conn.fetchval(live_sql))
+            live = int(await conn.fetchval(*live_sql))
             if live:
                 return _skipped(slot, tables.live_reason, live, after_lock=True)
 
             truncating = time.perf_counter()
-            await conn.execute(TRUNCATE_CHILDREN_SQL.format(children=children))
+            await conn.execute(*TRUNCATE_CHILDREN_SQL.bind(children=children))
             phase_seconds["truncate"] = time.perf_counter() - truncating
             if tables.after_truncate_sql is not None:
-                await conn.execute(tables.fill(tables.after_truncate_sql, schema, slot))
+                await conn.execute(*tables.bind(tables.after_truncate_sql, schema, slot))
             committing = time.perf_counter()
     except QueryError as exc:
         if exc.sqlstate == LOCK_NOT_AVAILABLE:

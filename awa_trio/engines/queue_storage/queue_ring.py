@@ -1,13 +1,22 @@
 """SQL of the queue ring (rotate and prune), kept in one place.
 
 The queue ring partitions eight tables by ``ready_slot``; each has one child
-per slot (``{schema}.ready_entries_3`` ...). Templates take ``{schema}`` and,
-where a single child is meant, ``{slot}``: both come from the database (the
-validated schema name, a slot number read from the ring state), never from
-user input. Everything else is a bind parameter.
+per slot (``{schema}.ready_entries_3`` ...). Statements take ``{schema}``
+and, where the children of one slot are meant, one identifier slot per child
+(``{ready_child}`` ..., see :func:`child_placeholders`) or the list of them
+(``{children}``): all come from the database (the validated schema name, a
+slot number read from the ring state), never from user input. The catalog
+lookups by name take the schema as a string literal too
+(``{schema_literal}``, :func:`.layout.schema_literal`). Everything else is a
+named parameter.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+from ...sql import Fragment, Statement
+from .layout import TERMINAL_COUNTER_BUCKETS, schema_literal
 
 #: (upstream's blocker label, partitioned table) for every child of a queue
 #: slot, in upstream's order. The label is ``awa.ring.blocker`` when that
@@ -38,7 +47,7 @@ def slot_children(schema: str, slot: int) -> list[str]:
     return [child(schema, table, slot) for _label, table in QUEUE_SLOT_CHILDREN]
 
 
-#: Template placeholder of each child in the prune statements below.
+#: Identifier slot of each child in the prune statements below.
 CHILD_PLACEHOLDERS = {
     "ready_child": "ready_entries",
     "claim_attempt_child": "ready_claim_attempt_batches",
@@ -52,20 +61,32 @@ CHILD_PLACEHOLDERS = {
 
 
 def child_placeholders(schema: str, slot: int) -> dict[str, str]:
-    """``{ready_child: awa.ready_entries_3, ...}`` for ``str.format``."""
+    """``{ready_child: awa.ready_entries_3, ...}``: the child slots of the
+    statements below, for :meth:`Statement.bind`."""
     return {key: child(schema, table, slot) for key, table in CHILD_PLACEHOLDERS.items()}
 
 
-def children_busy_sql(schema: str, slot: int) -> str:
-    """One row, one boolean per child of ``slot``: does it hold any row?
+def bind_slot(statement: Statement, schema: str, ring_slot: int, **values: Any) -> tuple[Any, ...]:
+    """``statement`` bound for the children of ``ring_slot``: the child slots
+    it has (:func:`child_placeholders`), ``{schema}`` if it has that, and the
+    parameters ``values``."""
+    children = child_placeholders(schema, ring_slot)
+    identifiers = {key: name for key, name in children.items() if key in statement.slots}
+    return statement.bind(schema if "schema" in statement.slots else None, **identifiers, **values)
 
-    Presence only (``EXISTS``), as upstream: counting a hot child would cost
-    a scan per tick for a number nobody needs."""
-    columns = ",\n        ".join(
-        f'EXISTS (SELECT 1 FROM {child(schema, table, slot)}) AS "{label}"'
-        for label, table in QUEUE_SLOT_CHILDREN
-    )
-    return f"SELECT\n        {columns}"
+
+#: One row, one boolean per child of the slot: does it hold any row?
+#: Presence only (``EXISTS``), as upstream: counting a hot child would cost a
+#: scan per tick for a number nobody needs.
+CHILDREN_BUSY_SQL = Statement("""SELECT
+        EXISTS (SELECT 1 FROM {ready_child}) AS "queue.ready_rows",
+        EXISTS (SELECT 1 FROM {claim_attempt_child}) AS "queue.claim_attempt_batches",
+        EXISTS (SELECT 1 FROM {done_child}) AS "queue.done_rows",
+        EXISTS (SELECT 1 FROM {tombstone_child}) AS "queue.tombstone_rows",
+        EXISTS (SELECT 1 FROM {segment_child}) AS "queue.ready_segments",
+        EXISTS (SELECT 1 FROM {receipt_batch_child}) AS "queue.receipt_completion_batch_rows",
+        EXISTS (SELECT 1 FROM {receipt_tombstone_child}) AS "queue.receipt_completion_tombstone_rows",
+        EXISTS (SELECT 1 FROM {delta_child}) AS "queue.terminal_delta_rows\"""")
 
 
 # Read committed, always: the post-lock gates and the carry must see rows that
@@ -77,58 +98,54 @@ READ_COMMITTED = "read_committed"
 
 # The ring-state row lock serialises rotate and prune with each other and
 # with any awa-pg leader doing the same (upstream takes the same row lock).
-LOCK_RING_STATE_SQL = """
+LOCK_RING_STATE_SQL = Statement("""
     SELECT current_slot, generation, slot_count
     FROM {schema}.queue_ring_state
     WHERE singleton
     FOR UPDATE
-"""
+""")
 
 
-def rotate_sql(schema: str) -> str:
-    """One round trip per tick: read the cursor, ask whether each child of
-    the slot after it holds a row (presence only, through the parent tables
-    with the slot as partition key, so only that slot's children are read),
-    and move the cursor if none does: a compare-and-set on (slot,
-    generation) that also stamps the slot row with its new generation.
-
-    The ring-state row is locked ``SKIP LOCKED``: a prune or rollup holding
-    it (ours run in other actors, a foreign leader's anywhere) makes this
-    tick a lost compare-and-set, tried again next tick, so the statement
-    never waits on that row while it holds the children's share locks.
-    One snapshot is enough for the check: writers file rows under the slot
-    they read as current after reserving their lane position (the
-    lane-order invariant in queue_storage/promote.py), and prune carries
-    rows into the current slot, so a row can reach the slot checked here
-    only from a writer whose ring read is a whole lap old.
-
-    Once moved, it also finds the oldest sealed slot (as
-    OLDEST_SEALED_SLOT_SQL: the slot rows it reads are those before its own
-    stamp, and the new current slot is excluded anyway) and whether that
-    slot's children are without a heap page, for the prune that follows."""
-    # A correlated scalar subquery, not EXISTS: the planner may turn an EXISTS
-    # into a hashed subplan that reads every row of every slot (the whole
-    # live slot each tick: 18 ms a rotation under load), where this one is
-    # run for the one cursor row and pruned to the slot's children at run time.
-    busy = ",\n               ".join(
-        f"(SELECT true FROM {schema}.{table} WHERE ready_slot = cursor.next_slot LIMIT 1) IS NOT NULL"
-        f' AS "{label}"'
-        for label, table in QUEUE_SLOT_CHILDREN
-    )
-    any_busy = " OR ".join(f'busy."{label}"' for label, _table in QUEUE_SLOT_CHILDREN)
-    sizes = "\n             + ".join(
-        "(SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child "
-        f"WHERE child.relnamespace = '{schema}'::regnamespace AND child.relname = '{table}_' || oldest.slot)"
-        for _label, table in QUEUE_SLOT_CHILDREN
-    )
-    return f"""
+# One round trip per tick: read the cursor, ask whether each child of the
+# slot after it holds a row (presence only, through the parent tables with
+# the slot as partition key, so only that slot's children are read), and move
+# the cursor if none does: a compare-and-set on (slot, generation) that also
+# stamps the slot row with its new generation.
+#
+# The ring-state row is locked SKIP LOCKED: a prune or rollup holding it (ours
+# run in other actors, a foreign leader's anywhere) makes this tick a lost
+# compare-and-set, tried again next tick, so the statement never waits on
+# that row while it holds the children's share locks. One snapshot is enough
+# for the check: writers file rows under the slot they read as current after
+# reserving their lane position (the lane-order invariant in
+# queue_storage/promote.py), and prune carries rows into the current slot, so
+# a row can reach the slot checked here only from a writer whose ring read is
+# a whole lap old.
+#
+# Once moved, it also finds the oldest sealed slot (as OLDEST_SEALED_SLOT_SQL:
+# the slot rows it reads are those before its own stamp, and the new current
+# slot is excluded anyway) and whether that slot's children are without a
+# heap page, for the prune that follows.
+#
+# A correlated scalar subquery, not EXISTS: the planner may turn an EXISTS
+# into a hashed subplan that reads every row of every slot (the whole live
+# slot each tick: 18 ms a rotation under load), where this one is run for the
+# one cursor row and pruned to the slot's children at run time.
+ROTATE_SQL = Statement("""
     WITH cursor AS (
         SELECT current_slot, generation, slot_count, (current_slot + 1) % slot_count AS next_slot
         FROM {schema}.queue_ring_state
         WHERE singleton
     ),
     busy AS (
-        SELECT {busy}
+        SELECT (SELECT true FROM {schema}.ready_entries WHERE ready_slot = cursor.next_slot LIMIT 1) IS NOT NULL AS "queue.ready_rows",
+               (SELECT true FROM {schema}.ready_claim_attempt_batches WHERE ready_slot = cursor.next_slot LIMIT 1) IS NOT NULL AS "queue.claim_attempt_batches",
+               (SELECT true FROM {schema}.done_entries WHERE ready_slot = cursor.next_slot LIMIT 1) IS NOT NULL AS "queue.done_rows",
+               (SELECT true FROM {schema}.ready_tombstones WHERE ready_slot = cursor.next_slot LIMIT 1) IS NOT NULL AS "queue.tombstone_rows",
+               (SELECT true FROM {schema}.ready_segments WHERE ready_slot = cursor.next_slot LIMIT 1) IS NOT NULL AS "queue.ready_segments",
+               (SELECT true FROM {schema}.receipt_completion_batches WHERE ready_slot = cursor.next_slot LIMIT 1) IS NOT NULL AS "queue.receipt_completion_batch_rows",
+               (SELECT true FROM {schema}.receipt_completion_tombstones WHERE ready_slot = cursor.next_slot LIMIT 1) IS NOT NULL AS "queue.receipt_completion_tombstone_rows",
+               (SELECT true FROM {schema}.queue_terminal_count_deltas WHERE ready_slot = cursor.next_slot LIMIT 1) IS NOT NULL AS "queue.terminal_delta_rows"
         FROM cursor
     ),
     locked AS (
@@ -141,7 +158,7 @@ def rotate_sql(schema: str) -> str:
         WHERE state.singleton
           AND state.current_slot = cursor.current_slot
           AND state.generation = cursor.generation
-          AND NOT ({any_busy})
+          AND NOT (busy."queue.ready_rows" OR busy."queue.claim_attempt_batches" OR busy."queue.done_rows" OR busy."queue.tombstone_rows" OR busy."queue.ready_segments" OR busy."queue.receipt_completion_batch_rows" OR busy."queue.receipt_completion_tombstone_rows" OR busy."queue.terminal_delta_rows")
         RETURNING state.current_slot, state.generation
     ),
     stamped AS (
@@ -160,61 +177,75 @@ def rotate_sql(schema: str) -> str:
     SELECT cursor.current_slot, cursor.generation, cursor.slot_count,
            moved.current_slot IS NOT NULL AS moved,
            oldest.slot AS oldest_slot,
-           {sizes} = 0 AS oldest_clean,
+           (SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child WHERE child.relnamespace = {schema_literal}::regnamespace AND child.relname = 'ready_entries_' || oldest.slot)
+             + (SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child WHERE child.relnamespace = {schema_literal}::regnamespace AND child.relname = 'ready_claim_attempt_batches_' || oldest.slot)
+             + (SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child WHERE child.relnamespace = {schema_literal}::regnamespace AND child.relname = 'done_entries_' || oldest.slot)
+             + (SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child WHERE child.relnamespace = {schema_literal}::regnamespace AND child.relname = 'ready_tombstones_' || oldest.slot)
+             + (SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child WHERE child.relnamespace = {schema_literal}::regnamespace AND child.relname = 'ready_segments_' || oldest.slot)
+             + (SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child WHERE child.relnamespace = {schema_literal}::regnamespace AND child.relname = 'receipt_completion_batches_' || oldest.slot)
+             + (SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child WHERE child.relnamespace = {schema_literal}::regnamespace AND child.relname = 'receipt_completion_tombstones_' || oldest.slot)
+             + (SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child WHERE child.relnamespace = {schema_literal}::regnamespace AND child.relname = 'queue_terminal_count_deltas_' || oldest.slot) = 0 AS oldest_clean,
            busy.*
     FROM cursor
     CROSS JOIN busy
     LEFT JOIN moved ON true
     LEFT JOIN oldest ON true
-"""
+""")
+
+
+def rotate_sql(schema: str) -> str:
+    """ROTATE_SQL's text for ``schema`` (tests run it directly)."""
+    return ROTATE_SQL.render(schema, schema_literal=schema_literal(schema))
 
 
 # The oldest sealed slot: every initialised slot but the current one, by age.
-OLDEST_SEALED_SLOT_SQL = """
+OLDEST_SEALED_SLOT_SQL = Statement("""
     SELECT slot, generation
     FROM {schema}.queue_ring_slots
-    WHERE generation >= 0 AND slot <> $1
+    WHERE generation >= 0 AND slot <> :current_slot
     ORDER BY generation, slot
     LIMIT 1
     FOR UPDATE
-"""
+""")
 
 
-def oldest_slot_clean_sql(schema: str) -> str:
-    """The oldest sealed slot (as OLDEST_SEALED_SLOT_SQL, without its lock)
-    and whether every child of it is without a heap page, in one statement
-    (``$1``: the current slot). A slot with no page holds no row; one with
-    pages may hold none either, which the locked path then finds out."""
-    sizes = "\n             + ".join(
-        f"pg_relation_size(('{schema}.{table}_' || oldest.slot)::regclass)"
-        for _label, table in QUEUE_SLOT_CHILDREN
-    )
-    return f"""
+# The oldest sealed slot (as OLDEST_SEALED_SLOT_SQL, without its lock) and
+# whether every child of it is without a heap page, in one statement. A slot
+# with no page holds no row; one with pages may hold none either, which the
+# locked path then finds out.
+OLDEST_SLOT_CLEAN_SQL = Statement("""
     SELECT oldest.slot,
-           {sizes} = 0 AS clean
+           pg_relation_size(({schema_literal} || '.ready_entries_' || oldest.slot)::regclass)
+             + pg_relation_size(({schema_literal} || '.ready_claim_attempt_batches_' || oldest.slot)::regclass)
+             + pg_relation_size(({schema_literal} || '.done_entries_' || oldest.slot)::regclass)
+             + pg_relation_size(({schema_literal} || '.ready_tombstones_' || oldest.slot)::regclass)
+             + pg_relation_size(({schema_literal} || '.ready_segments_' || oldest.slot)::regclass)
+             + pg_relation_size(({schema_literal} || '.receipt_completion_batches_' || oldest.slot)::regclass)
+             + pg_relation_size(({schema_literal} || '.receipt_completion_tombstones_' || oldest.slot)::regclass)
+             + pg_relation_size(({schema_literal} || '.queue_terminal_count_deltas_' || oldest.slot)::regclass) = 0 AS clean
     FROM (
         SELECT slot
         FROM {schema}.queue_ring_slots
-        WHERE generation >= 0 AND slot <> $1
+        WHERE generation >= 0 AND slot <> :current_slot
         ORDER BY generation, slot
         LIMIT 1
     ) AS oldest
-"""
+""")
 
 
-SLOT_GENERATION_SQL = "SELECT generation FROM {schema}.queue_ring_slots WHERE slot = $1"
+SLOT_GENERATION_SQL = Statement("SELECT generation FROM {schema}.queue_ring_slots WHERE slot = :slot")
 
-# The unclosed-claim gate of a slot generation ($1 slot, $2 generation),
+# The unclosed-claim gate of a slot generation (:slot, :generation),
 # shared by the prune and the terminal-count rollup: true while its receipt
 # claims (row claims plus compact batches) outnumber their closure evidence
 # (row closures plus compact closure batches), i.e. some claim may still
 # finish. Counted, not anti-joined: a mismatch is enough, and the counts stay
 # cheap under a pinned MVCC horizon.
-UNCLOSED_CLAIMS = """(
+UNCLOSED_CLAIMS = Fragment("""(
             (SELECT count(*) FROM {schema}.lease_claims
-             WHERE ready_slot = $1 AND ready_generation = $2)
+             WHERE ready_slot = :slot AND ready_generation = :generation)
           + (SELECT COALESCE(sum(claimed_count), 0) FROM {schema}.lease_claim_batches
-             WHERE ready_slot = $1 AND ready_generation = $2)
+             WHERE ready_slot = :slot AND ready_generation = :generation)
         ) <> (
             (SELECT count(*)
              FROM {schema}.lease_claims AS claims
@@ -222,12 +253,12 @@ UNCLOSED_CLAIMS = """(
                ON closures.claim_slot = claims.claim_slot
               AND closures.job_id = claims.job_id
               AND closures.run_lease = claims.run_lease
-             WHERE claims.ready_slot = $1 AND claims.ready_generation = $2)
+             WHERE claims.ready_slot = :slot AND claims.ready_generation = :generation)
           + (SELECT COALESCE(sum(closed_count), 0) FROM {schema}.lease_claim_closure_batches
-             WHERE ready_slot = $1 AND ready_generation = $2)
-        )"""
+             WHERE ready_slot = :slot AND ready_generation = :generation)
+        )""")
 
-# Upstream's three skip gates, in one round trip ($1 slot, $2 generation):
+# Upstream's three skip gates, in one round trip (:slot, :generation):
 # - leases still pointing at the slot's generation;
 # - ready rows at or ahead of their lane's claim cursor (not yet claimed), of
 #   any generation: TRUNCATE empties the whole child, so a row filed under
@@ -237,7 +268,7 @@ UNCLOSED_CLAIMS = """(
 # - receipt claims of the generation without as much closure evidence as
 #   claims (counted, not anti-joined: a mismatch is enough to make TRUNCATE
 #   unsafe, and the count stays cheap under a pinned MVCC horizon).
-PRUNE_GATES_SQL = (
+PRUNE_GATES_SQL = Statement(
     """
     WITH claim_cursors AS MATERIALIZED (
         SELECT queue, priority, enqueue_shard,
@@ -247,7 +278,7 @@ PRUNE_GATES_SQL = (
     SELECT
         EXISTS (
             SELECT 1 FROM {schema}.leases
-            WHERE ready_slot = $1 AND ready_generation = $2
+            WHERE ready_slot = :slot AND ready_generation = :generation
         ) AS active_leases,
         EXISTS (
             SELECT 1
@@ -261,23 +292,22 @@ PRUNE_GATES_SQL = (
                 LIMIT 1
             ) AS unclaimed
         ) AS pending_ready,
-        """
-    + UNCLOSED_CLAIMS
-    + """ AS unclosed_claim_refs
-"""
+        {unclosed_claims} AS unclosed_claim_refs
+""",
+    unclosed_claims=UNCLOSED_CLAIMS(),
 )
 
 # Can the carry of this slot wait? True when the slot holds nothing but
 # failed done rows inside the retention floor (plus their count deltas) and
-# none of them is past the floor by more than the grace ($2 seconds): then a
-# prune would drop nothing and only copy every row into the live slot.
-# ($1 = failed retention in seconds.)
-ONLY_RETAINED_FAILED_ROWS_SQL = """
+# none of them is past the floor by more than the grace (:grace seconds):
+# then a prune would drop nothing and only copy every row into the live slot.
+# (:floor = failed retention in seconds.)
+ONLY_RETAINED_FAILED_ROWS_SQL = Statement("""
     SELECT
         NOT EXISTS (
             SELECT 1 FROM {done_child}
             WHERE state <> 'failed'
-               OR finalized_at < now() - make_interval(secs => $1::double precision + $2::double precision)
+               OR finalized_at < now() - make_interval(secs => :floor::double precision + :grace::double precision)
         )
         AND NOT EXISTS (SELECT 1 FROM {ready_child})
         AND NOT EXISTS (SELECT 1 FROM {claim_attempt_child})
@@ -285,31 +315,31 @@ ONLY_RETAINED_FAILED_ROWS_SQL = """
         AND NOT EXISTS (SELECT 1 FROM {segment_child})
         AND NOT EXISTS (SELECT 1 FROM {receipt_batch_child})
         AND NOT EXISTS (SELECT 1 FROM {receipt_tombstone_child})
-"""
+""")
 
 # Has the live slot received work since it became current? Ready rows are
 # only ever appended to the current slot, so an empty ready child means the
 # ring has had no traffic since the last rotation.
-CURRENT_SLOT_HAS_TRAFFIC_SQL = "SELECT EXISTS (SELECT 1 FROM {ready_child})"
+CURRENT_SLOT_HAS_TRAFFIC_SQL = Statement("SELECT EXISTS (SELECT 1 FROM {ready_child})")
 
-LOCK_SLOT_SQL = "LOCK TABLE {children} IN ACCESS EXCLUSIVE MODE"
+LOCK_SLOT_SQL = Statement("LOCK TABLE {children} IN ACCESS EXCLUSIVE MODE")
 
-SET_LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', $1, true)"
+SET_LOCK_TIMEOUT_SQL = Statement("SELECT set_config('lock_timeout', :lock_timeout, true)")
 
-# Re-home failed rows inside the retention floor ($1 seconds) into the live
-# slot ($2, generation $3), widened to a self-contained row: the ready rows
+# Re-home failed rows inside the retention floor (:floor seconds) into the
+# live slot (:live_slot, generation :live_generation), widened to a self-contained row: the ready rows
 # they would otherwise borrow args/payload/timestamps from are truncated with
 # this slot. No ON CONFLICT: lane_seq never repeats, so a collision means
 # corrupt terminal state and must fail the prune rather than lose a row.
-CARRY_FAILED_ROWS_SQL = """
+CARRY_FAILED_ROWS_SQL = Statement("""
     INSERT INTO {schema}.done_entries (
         ready_slot, ready_generation, job_id, kind, queue, args, state, priority,
         attempt, run_lease, max_attempts, lane_seq, enqueue_shard, run_at,
         attempted_at, finalized_at, created_at, unique_key, unique_states, payload
     )
     SELECT
-        $2, $3, done.job_id, done.kind, done.queue,
-        COALESCE(done.args, ready.args, '{{}}'::jsonb),
+        :live_slot, :live_generation, done.job_id, done.kind, done.queue,
+        COALESCE(done.args, ready.args, '{}'::jsonb),
         done.state, done.priority, done.attempt, done.run_lease,
         COALESCE(done.max_attempts, ready.max_attempts, 25::smallint),
         done.lane_seq, done.enqueue_shard,
@@ -319,7 +349,7 @@ CARRY_FAILED_ROWS_SQL = """
         COALESCE(done.created_at, ready.created_at, done.finalized_at),
         COALESCE(done.unique_key, ready.unique_key),
         COALESCE(done.unique_states, ready.unique_states),
-        COALESCE(done.payload, ready.payload, '{{}}'::jsonb)
+        COALESCE(done.payload, ready.payload, '{}'::jsonb)
     FROM {done_child} AS done
     LEFT JOIN {ready_child} AS ready
       ON ready.ready_slot = done.ready_slot
@@ -329,41 +359,44 @@ CARRY_FAILED_ROWS_SQL = """
      AND ready.enqueue_shard = done.enqueue_shard
      AND ready.lane_seq = done.lane_seq
     WHERE done.state = 'failed'
-      AND done.finalized_at >= now() - make_interval(secs => $1::double precision)
-"""
+      AND done.finalized_at >= now() - make_interval(secs => :floor::double precision)
+""")
 
 # The carried rows' count evidence moves with them: positive deltas under the
 # live slot, grouped as the completion path groups them (this slot's live
 # counters and deltas are wiped below).
-CARRY_COUNT_DELTAS_SQL = """
+CARRY_COUNT_DELTAS_SQL = Statement(
+    """
     INSERT INTO {schema}.queue_terminal_count_deltas (
         ready_slot, ready_generation, queue, priority, enqueue_shard,
         counter_bucket, terminal_delta
     )
-    SELECT $2, $3, queue, priority, enqueue_shard,
+    SELECT :live_slot, :live_generation, queue, priority, enqueue_shard,
            mod(mod(job_id, {buckets}) + {buckets}, {buckets})::smallint AS bucket,
            count(*)
     FROM {done_child}
     WHERE state = 'failed'
-      AND finalized_at >= now() - make_interval(secs => $1::double precision)
+      AND finalized_at >= now() - make_interval(secs => :floor::double precision)
     GROUP BY queue, priority, enqueue_shard, bucket
     ORDER BY queue, priority, enqueue_shard, bucket
-"""
+""",
+    buckets=str(TERMINAL_COUNTER_BUCKETS),
+)
 
 # Fold the slot's terminal rows into the permanent rollups, from ground truth
 # (the children about to be truncated, every generation in them), not from
 # the live counters. Carried failed rows are still live, so they are left
 # out. Completed = done rows that are not failed (cancelled included, as
-# upstream) plus receipt completions without a tombstone. $1 = floor seconds,
-# $2 = whether the floor is on.
-FOLD_INTO_ROLLUPS_SQL = """
+# upstream) plus receipt completions without a tombstone. :floor = floor
+# seconds, :floor_on = whether the floor is on.
+FOLD_INTO_ROLLUPS_SQL = Statement("""
     WITH done_counts AS (
         SELECT queue, priority,
                count(*) FILTER (WHERE state <> 'failed') AS completed,
                count(*) FILTER (
                    WHERE state = 'failed'
-                     AND (NOT $2::boolean
-                          OR finalized_at < now() - make_interval(secs => $1::double precision))
+                     AND (NOT :floor_on::boolean
+                          OR finalized_at < now() - make_interval(secs => :floor::double precision))
                ) AS failed
         FROM {done_child}
         GROUP BY queue, priority
@@ -406,9 +439,33 @@ FOLD_INTO_ROLLUPS_SQL = """
     SELECT COALESCE(sum(completed), 0)::bigint AS completed,
            COALESCE(sum(failed), 0)::bigint AS failed
     FROM folded
-"""
+""")
 
-TRUNCATE_SLOT_SQL = "TRUNCATE TABLE {children}"
+TRUNCATE_SLOT_SQL = Statement("TRUNCATE TABLE {children}")
 
 # The slot's folded counters describe rows that are gone now.
-DELETE_SLOT_LIVE_COUNTS_SQL = "DELETE FROM {schema}.queue_terminal_live_counts WHERE ready_slot = $1"
+DELETE_SLOT_LIVE_COUNTS_SQL = Statement(
+    "DELETE FROM {schema}.queue_terminal_live_counts WHERE ready_slot = :slot"
+)
+
+
+def _check_children_named() -> None:
+    """The statements that spell out every child of a slot name each one
+    under its label (:data:`QUEUE_SLOT_CHILDREN` is what the callers read)."""
+    placeholder = {table: key for key, table in CHILD_PLACEHOLDERS.items()}
+    for label, table in QUEUE_SLOT_CHILDREN:
+        expected = {
+            CHILDREN_BUSY_SQL: [f'EXISTS (SELECT 1 FROM {{{placeholder[table]}}}) AS "{label}"'],
+            ROTATE_SQL: [
+                f'{{schema}}.{table} WHERE ready_slot = cursor.next_slot LIMIT 1) IS NOT NULL AS "{label}"',
+                f'busy."{label}"',
+                f"'{table}_' || oldest.slot",
+            ],
+            OLDEST_SLOT_CLEAN_SQL: [f"'.{table}_' || oldest.slot"],
+        }
+        for statement, parts in expected.items():
+            if not all(part in statement.text for part in parts):
+                raise RuntimeError(f"queue_ring: a statement does not name {table} as {label}")
+
+
+_check_children_named()

@@ -20,11 +20,12 @@ See :mod:`.lease_claim_rings` for the transaction shapes.
 from __future__ import annotations
 
 from ...context import MaintenanceContext
+from ...sql import Fragment, Statement
 from .layout import PRUNE_LOCK_TIMEOUT
 from .lease_claim_rings import (
+    BOUNDED_ROWS_IN_NEXT_SLOT,
     RingTables,
-    bounded_rows_in_next_slot,
-    heap_pages_sql,
+    heap_pages,
     prune_oldest,
     rotate_ring,
 )
@@ -41,17 +42,17 @@ CLAIM_CHILDREN = (
 
 #: Rows of the slot about to become current, by upstream's blocker label
 #: (row-local and compact claims both count as ``claim.rows``).
-CLAIM_BUSY_COLUMNS = f"""
-        {bounded_rows_in_next_slot("lease_claims", "claim_slot")}
-          + {bounded_rows_in_next_slot("lease_claim_batches", "claim_slot")} AS "claim.rows",
-        {bounded_rows_in_next_slot("lease_claim_closures", "claim_slot")} AS "claim.closure_rows",
-        {bounded_rows_in_next_slot("lease_claim_closure_batches", "claim_slot")}
+CLAIM_BUSY_COLUMNS = Fragment("""
+        {claims}
+          + {claim_batches} AS "claim.rows",
+        {closures} AS "claim.closure_rows",
+        {closure_batches}
             AS "claim.closure_batch_rows"
-"""
+""")
 
 #: Open claims of the slot: at least claims - closures when the ledgers are
 #: short, else the exact number of claims without closure evidence.
-CLAIM_OPEN_SQL = """
+CLAIM_OPEN_SQL = Statement("""
     WITH totals AS (
         SELECT
             (SELECT count(*) FROM {lease_claims})
@@ -94,15 +95,16 @@ CLAIM_OPEN_SQL = """
     SELECT CASE WHEN claimed > closed THEN claimed - closed
                 ELSE (SELECT open_claims FROM unclosed) END
     FROM totals
-"""
+""")
 
 #: No heap page in any child and rescue cursors already at their start: a
 #: truncate would reclaim nothing.
-CLAIM_CLEAN_SQL = f"""
-    SELECT {heap_pages_sql(list(CLAIM_CHILDREN))} = 0
+CLAIM_CLEAN_SQL = Statement(
+    """
+    SELECT {heap_pages} = 0
        AND EXISTS (
-           SELECT 1 FROM {{schema}}.claim_ring_slots
-           WHERE slot = {{slot}}
+           SELECT 1 FROM {schema}.claim_ring_slots
+           WHERE slot = {slot}
              AND rescue_cursor_claimed_at = '-infinity'
              AND rescue_cursor_job_id = 0
              AND rescue_cursor_run_lease = 0
@@ -110,10 +112,15 @@ CLAIM_CLEAN_SQL = f"""
              AND deadline_cursor_job_id = 0
              AND deadline_cursor_run_lease = 0
        )
-"""
+""",
+    heap_pages=heap_pages(
+        "'lease_claims_' || ({slot}), 'lease_claim_batches_' || ({slot}),"
+        " 'lease_claim_closures_' || ({slot}), 'lease_claim_closure_batches_' || ({slot})"
+    ),
+)
 
 #: The slot's rescue sweeps start again from the beginning of its next lap.
-RESET_RESCUE_CURSORS_SQL = """
+RESET_RESCUE_CURSORS_SQL = Statement("""
     UPDATE {schema}.claim_ring_slots
     SET rescue_cursor_claimed_at = '-infinity',
         rescue_cursor_job_id = 0,
@@ -122,19 +129,30 @@ RESET_RESCUE_CURSORS_SQL = """
         deadline_cursor_job_id = 0,
         deadline_cursor_run_lease = 0
     WHERE slot = {slot}
-"""
+""")
 
 CLAIM_RING_TABLES = RingTables(
     ring=CLAIM_RING,
     children=CLAIM_CHILDREN,
-    busy_columns=CLAIM_BUSY_COLUMNS,
+    busy_columns=CLAIM_BUSY_COLUMNS(
+        claims=BOUNDED_ROWS_IN_NEXT_SLOT(parent="lease_claims", slot_column="claim_slot"),
+        claim_batches=BOUNDED_ROWS_IN_NEXT_SLOT(parent="lease_claim_batches", slot_column="claim_slot"),
+        closures=BOUNDED_ROWS_IN_NEXT_SLOT(parent="lease_claim_closures", slot_column="claim_slot"),
+        closure_batches=BOUNDED_ROWS_IN_NEXT_SLOT(
+            parent="lease_claim_closure_batches", slot_column="claim_slot"
+        ),
+    ),
     busy_labels=("claim.rows", "claim.closure_rows", "claim.closure_batch_rows"),
+    slot_is_empty='busy."claim.rows" = 0 AND busy."claim.closure_rows" = 0 AND busy."claim.closure_batch_rows" = 0',
     live_sql=CLAIM_OPEN_SQL,
     clean_sql=CLAIM_CLEAN_SQL,
     current_reason="claim.current",
     live_reason="claim.open",
     after_truncate_sql=RESET_RESCUE_CURSORS_SQL,
 )
+
+#: The rotation (ROTATE_SQL placed for the claim ring).
+CLAIM_ROTATE_SQL = CLAIM_RING_TABLES.rotate_sql
 
 
 async def rotate(ctx: MaintenanceContext) -> RotateResult:

@@ -13,12 +13,13 @@ holds a lease is SkippedBusy (``lease.rows``). See
 from __future__ import annotations
 
 from ...context import MaintenanceContext
+from ...sql import Fragment, Statement
 from .layout import PRUNE_LOCK_TIMEOUT
 from .lease_claim_rings import (
+    BOUNDED_ROW_COUNT,
+    BOUNDED_ROWS_IN_NEXT_SLOT,
     RingTables,
-    bounded_row_count,
-    bounded_rows_in_next_slot,
-    heap_pages_sql,
+    heap_pages,
     prune_oldest,
     rotate_ring,
 )
@@ -27,30 +28,42 @@ from .rings import LEASE_RING, PruneResult, RingCursor, RingTickResult, RotateRe
 NAME = "rotate_lease"
 
 #: Rows of the slot about to become current, by upstream's blocker label.
-LEASE_BUSY_COLUMNS = f"""
-    {bounded_rows_in_next_slot("leases", "lease_slot")} AS "lease.rows"
-"""
+LEASE_BUSY_COLUMNS = Fragment("""
+    {lease_rows} AS "lease.rows"
+""")
 
 #: Leases still in the slot: each is a running attempt.
-LEASE_LIVE_SQL = f"""
-    SELECT {bounded_row_count("{leases}")}
-"""
+LEASE_LIVE_SQL = Statement(
+    """
+    SELECT {live}
+""",
+    live=BOUNDED_ROW_COUNT(table="{leases}"),
+)
 
 #: No heap page at all: a truncate would reclaim nothing.
-LEASE_CLEAN_SQL = f"""
-    SELECT {heap_pages_sql(["leases"])} = 0
-"""
+LEASE_CLEAN_SQL = Statement(
+    """
+    SELECT {heap_pages} = 0
+""",
+    heap_pages=heap_pages("'leases_' || ({slot})"),
+)
 
 LEASE_RING_TABLES = RingTables(
     ring=LEASE_RING,
     children=("leases",),
-    busy_columns=LEASE_BUSY_COLUMNS,
+    busy_columns=LEASE_BUSY_COLUMNS(
+        lease_rows=BOUNDED_ROWS_IN_NEXT_SLOT(parent="leases", slot_column="lease_slot")
+    ),
     busy_labels=("lease.rows",),
+    slot_is_empty='busy."lease.rows" = 0',
     live_sql=LEASE_LIVE_SQL,
     clean_sql=LEASE_CLEAN_SQL,
     current_reason="lease.current",
     live_reason="lease.active",
 )
+
+#: The rotation (ROTATE_SQL placed for the lease ring).
+LEASE_ROTATE_SQL = LEASE_RING_TABLES.rotate_sql
 
 
 async def rotate(ctx: MaintenanceContext) -> RotateResult:

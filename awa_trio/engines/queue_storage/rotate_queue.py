@@ -55,7 +55,7 @@ from ...context import MaintenanceContext
 from ...db import LOCK_NOT_AVAILABLE, Connection, Database, QueryError
 from ...tracker import PruneOutcome
 from . import queue_ring as sql
-from .layout import PRUNE_LOCK_TIMEOUT, TERMINAL_COUNTER_BUCKETS, schema_name
+from .layout import PRUNE_LOCK_TIMEOUT, schema_literal, schema_name
 from .rings import QUEUE_RING, PruneResult, RingCursor, RingTickResult, RotateResult, run_ring_tick
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,9 @@ async def run_once(ctx: MaintenanceContext) -> RingTickResult:
 async def rotate(ctx: MaintenanceContext) -> RotateResult:
     """Advance the cursor to the next slot if every child of it is empty;
     otherwise SkippedBusy naming the children that still hold rows. One
-    statement (:func:`.queue_ring.rotate_sql`)."""
-    row = await _fetch_one(ctx.db, sql.rotate_sql(schema_name(ctx)))
+    statement (:data:`.queue_ring.ROTATE_SQL`)."""
+    schema = schema_name(ctx)
+    row = await _fetch_one(ctx.db, *sql.ROTATE_SQL.bind(schema, schema_literal=schema_literal(schema)))
     current, generation, slot_count = (
         int(row["current_slot"]),
         int(row["generation"]),
@@ -136,7 +137,11 @@ async def prune(
         if cursor.oldest_clean:
             return PruneResult(PruneOutcome.NOOP, slot=cursor.oldest_slot)
     elif cursor is not None:
-        oldest = await ctx.db.fetchrow(sql.oldest_slot_clean_sql(schema), cursor.slot)
+        oldest = await ctx.db.fetchrow(
+            *sql.OLDEST_SLOT_CLEAN_SQL.bind(
+                schema, schema_literal=schema_literal(schema), current_slot=cursor.slot
+            )
+        )
         if oldest is None:
             return PruneResult(PruneOutcome.NOOP)
         if oldest["clean"]:
@@ -161,34 +166,31 @@ async def _prune_in_transaction(
     lock_timeout: float,
     defer_idle_carry: bool,
 ) -> PruneResult:
-    state = await _fetch_one(conn, sql.LOCK_RING_STATE_SQL.format(schema=schema))
+    state = await _fetch_one(conn, *sql.LOCK_RING_STATE_SQL.bind(schema))
     current, slot_count = int(state["current_slot"]), int(state["slot_count"])
-    target = await conn.fetchrow(sql.OLDEST_SEALED_SLOT_SQL.format(schema=schema), current)
+    target = await conn.fetchrow(*sql.OLDEST_SEALED_SLOT_SQL.bind(schema, current_slot=current))
     if target is None:
         return PruneResult(PruneOutcome.NOOP)
     slot, generation = int(target["slot"]), int(target["generation"])
 
-    busy = await _fetch_one(conn, sql.children_busy_sql(schema, slot))
+    busy = await _fetch_one(conn, *sql.bind_slot(sql.CHILDREN_BUSY_SQL, schema, slot))
     if not any(busy.values()):
         # Already empty (pruned earlier, never used since): nothing to gain
         # from eight ACCESS EXCLUSIVE locks on hot partitions.
         return PruneResult(PruneOutcome.NOOP, slot=slot)
 
-    names = sql.child_placeholders(schema, slot)
-
     # Gates before any exclusive lock, so a busy slot never queues hot claim
     # reads behind a doomed TRUNCATE; checked again once the locks are held.
-    skipped = await _check_gates(conn, schema, slot, generation, names)
+    skipped = await _check_gates(conn, schema, slot, generation)
     if skipped is not None:
         return skipped
 
     if defer_idle_carry and floor > 0 and busy["queue.done_rows"]:
-        live_ready = sql.child(schema, "ready_entries", current)
-        has_traffic = await conn.fetchval(sql.CURRENT_SLOT_HAS_TRAFFIC_SQL.format(ready_child=live_ready))
+        has_traffic = await conn.fetchval(*sql.bind_slot(sql.CURRENT_SLOT_HAS_TRAFFIC_SQL, schema, current))
         if not has_traffic:
             grace = slot_count * float(ctx.config.queue_rotate_interval)
             only_retained = await conn.fetchval(
-                sql.ONLY_RETAINED_FAILED_ROWS_SQL.format(**names), floor, grace
+                *sql.bind_slot(sql.ONLY_RETAINED_FAILED_ROWS_SQL, schema, slot, floor=floor, grace=grace)
             )
             if only_retained:
                 return PruneResult(
@@ -196,10 +198,10 @@ async def _prune_in_transaction(
                 )
 
     children = ", ".join(sql.slot_children(schema, slot))
-    await conn.execute(sql.SET_LOCK_TIMEOUT_SQL, f"{max(1, round(lock_timeout * 1000))}ms")
+    await conn.execute(*sql.SET_LOCK_TIMEOUT_SQL.bind(lock_timeout=f"{max(1, round(lock_timeout * 1000))}ms"))
     locking = time.perf_counter()
     try:
-        await conn.execute(sql.LOCK_SLOT_SQL.format(children=children))
+        await conn.execute(*sql.LOCK_SLOT_SQL.bind(children=children))
     except QueryError as exc:
         if exc.sqlstate == LOCK_NOT_AVAILABLE:
             raise _Blocked(slot) from exc
@@ -208,32 +210,26 @@ async def _prune_in_transaction(
 
     # A producer or claimer that committed while we waited is visible now
     # (read committed: every statement takes a fresh snapshot).
-    skipped = await _check_gates(conn, schema, slot, generation, names)
+    skipped = await _check_gates(conn, schema, slot, generation)
     if skipped is not None:
         return skipped
 
     carried = 0
     if floor > 0:
-        live_generation = await conn.fetchval(sql.SLOT_GENERATION_SQL.format(schema=schema), current)
-        status = await conn.execute(
-            sql.CARRY_FAILED_ROWS_SQL.format(schema=schema, **names), floor, current, live_generation
-        )
+        live_generation = await conn.fetchval(*sql.SLOT_GENERATION_SQL.bind(schema, slot=current))
+        carry = {"floor": floor, "live_slot": current, "live_generation": live_generation}
+        status = await conn.execute(*sql.bind_slot(sql.CARRY_FAILED_ROWS_SQL, schema, slot, **carry))
         carried = _affected(status)
         if carried:
-            await conn.execute(
-                sql.CARRY_COUNT_DELTAS_SQL.format(schema=schema, buckets=TERMINAL_COUNTER_BUCKETS, **names),
-                floor,
-                current,
-                live_generation,
-            )
+            await conn.execute(*sql.bind_slot(sql.CARRY_COUNT_DELTAS_SQL, schema, slot, **carry))
 
     folded = await _fetch_one(
-        conn, sql.FOLD_INTO_ROLLUPS_SQL.format(schema=schema, **names), floor, floor > 0
+        conn, *sql.bind_slot(sql.FOLD_INTO_ROLLUPS_SQL, schema, slot, floor=floor, floor_on=floor > 0)
     )
     truncating = time.perf_counter()
-    await conn.execute(sql.TRUNCATE_SLOT_SQL.format(children=children))
+    await conn.execute(*sql.TRUNCATE_SLOT_SQL.bind(children=children))
     truncate_seconds = time.perf_counter() - truncating
-    await conn.execute(sql.DELETE_SLOT_LIVE_COUNTS_SQL.format(schema=schema), slot)
+    await conn.execute(*sql.DELETE_SLOT_LIVE_COUNTS_SQL.bind(schema, slot=slot))
     if carried:
         log.debug(
             "%s: carried %d failed rows inside the retention floor from slot %d to the live slot %d",
@@ -256,11 +252,9 @@ async def _prune_in_transaction(
     )
 
 
-async def _check_gates(
-    conn: Connection, schema: str, slot: int, generation: int, names: dict[str, str]
-) -> PruneResult | None:
+async def _check_gates(conn: Connection, schema: str, slot: int, generation: int) -> PruneResult | None:
     gates = await _fetch_one(
-        conn, sql.PRUNE_GATES_SQL.format(schema=schema, ready_child=names["ready_child"]), slot, generation
+        conn, *sql.bind_slot(sql.PRUNE_GATES_SQL, schema, slot, slot=slot, generation=generation)
     )
     for column, reason in (
         ("active_leases", sql.REASON_ACTIVE_LEASES),

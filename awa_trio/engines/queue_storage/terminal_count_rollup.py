@@ -39,10 +39,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-from collections.abc import Callable
 
 from ...context import MaintenanceContext
 from ...db import LOCK_NOT_AVAILABLE, Connection, QueryError
+from ...sql import Statement
 from .layout import QueueStorageLayout, read_layout
 from .queue_ring import UNCLOSED_CLAIMS
 
@@ -53,16 +53,16 @@ MAX_SLOTS_PER_TICK = 4
 #: How long the rollup waits for the delta child's lock (upstream's prune lock timeout).
 ROLLUP_LOCK_TIMEOUT = "10ms"
 
-CURRENT_SLOT_SQL = "SELECT current_slot FROM {schema}.queue_ring_state WHERE singleton"
+CURRENT_SLOT_SQL = Statement("SELECT current_slot FROM {schema}.queue_ring_state WHERE singleton")
 
 # Sealed slots (initialised, not current) whose current generation has
 # pending deltas, oldest generation first. One statement: the delta lookup
 # prunes to the slot's partition at run time.
-CANDIDATE_SLOTS_SQL = """
+CANDIDATE_SLOTS_SQL = Statement("""
     SELECT slots.slot, slots.generation
     FROM {schema}.queue_ring_slots AS slots
     WHERE slots.generation >= 0
-      AND slots.slot <> $1
+      AND slots.slot <> :current_slot
       AND EXISTS (
           SELECT 1
           FROM {schema}.queue_terminal_count_deltas AS deltas
@@ -70,15 +70,15 @@ CANDIDATE_SLOTS_SQL = """
             AND deltas.ready_generation = slots.generation
       )
     ORDER BY slots.generation, slots.slot
-"""
+""")
 
 # Inside the slot's transaction: the ring cursor and the slot row, locked so
 # a rotation cannot reuse the slot under us.
-LOCK_RING_SQL = "SELECT current_slot FROM {schema}.queue_ring_state WHERE singleton FOR UPDATE"
-LOCK_SLOT_SQL = "SELECT generation FROM {schema}.queue_ring_slots WHERE slot = $1 FOR UPDATE"
+LOCK_RING_SQL = Statement("SELECT current_slot FROM {schema}.queue_ring_state WHERE singleton FOR UPDATE")
+LOCK_SLOT_SQL = Statement("SELECT generation FROM {schema}.queue_ring_slots WHERE slot = :slot FOR UPDATE")
 
 # Another client backend of this database holding back the xmin horizon.
-MVCC_PINNED_SQL = """
+MVCC_PINNED_SQL = Statement("""
     SELECT EXISTS (
         SELECT 1
         FROM pg_stat_activity
@@ -88,10 +88,10 @@ MVCC_PINNED_SQL = """
           AND (backend_xmin IS NOT NULL
                OR (backend_xid IS NOT NULL AND state LIKE 'idle in transaction%'))
     )
-"""
+""")
 
 # Ready rows of this slot generation that a claimer has not reached yet.
-PENDING_READY_SQL = """
+PENDING_READY_SQL = Statement("""
     WITH cursors AS MATERIALIZED (
         SELECT queue, priority, enqueue_shard,
                {schema}.sequence_next_value(seq_name) AS claim_seq
@@ -103,44 +103,46 @@ PENDING_READY_SQL = """
         WHERE EXISTS (
             SELECT 1
             FROM {schema}.ready_entries_{slot} AS ready
-            WHERE ready.ready_generation = $1
+            WHERE ready.ready_generation = :generation
               AND ready.queue = cursors.queue
               AND ready.priority = cursors.priority
               AND ready.enqueue_shard = cursors.enqueue_shard
               AND ready.lane_seq >= cursors.claim_seq
         )
     )
-"""
+""")
 
-LOCK_DELTAS_SQL = "LOCK TABLE {schema}.queue_terminal_count_deltas_{slot} IN ACCESS EXCLUSIVE MODE"
+SET_LOCK_TIMEOUT_SQL = Statement("SELECT set_config('lock_timeout', :lock_timeout, true)")
 
-ACTIVE_LEASES_SQL = """
+LOCK_DELTAS_SQL = Statement("LOCK TABLE {schema}.queue_terminal_count_deltas_{slot} IN ACCESS EXCLUSIVE MODE")
+
+ACTIVE_LEASES_SQL = Statement("""
     SELECT EXISTS (
         SELECT 1 FROM {schema}.leases
-        WHERE ready_slot = $1 AND ready_generation = $2
+        WHERE ready_slot = :slot AND ready_generation = :generation
     )
-"""
+""")
 
 # Some claim of this slot generation may still finish (the gate the prune
 # uses too): the slot is skipped.
-UNCLOSED_CLAIMS_SQL = "SELECT " + UNCLOSED_CLAIMS
+UNCLOSED_CLAIMS_SQL = Statement("SELECT {unclosed_claims}", unclosed_claims=UNCLOSED_CLAIMS())
 
-DELTA_ROWS_SQL = """
+DELTA_ROWS_SQL = Statement("""
     SELECT
-        count(*) FILTER (WHERE ready_generation = $1) AS this_generation,
-        count(*) FILTER (WHERE ready_generation <> $1) AS other_generations
+        count(*) FILTER (WHERE ready_generation = :generation) AS this_generation,
+        count(*) FILTER (WHERE ready_generation <> :generation) AS other_generations
     FROM {schema}.queue_terminal_count_deltas_{slot}
-"""
+""")
 
 # Sum the generation's deltas per counter key and add them to the live
 # counts, never below zero (a negative sum for a key with no live row has
 # nothing to subtract from). Returns the number of keys summed.
-FOLD_DELTAS_SQL = """
+FOLD_DELTAS_SQL = Statement("""
     WITH grouped AS MATERIALIZED (
         SELECT ready_slot, queue, priority, enqueue_shard, counter_bucket,
                sum(terminal_delta)::bigint AS delta
         FROM {schema}.queue_terminal_count_deltas_{slot}
-        WHERE ready_generation = $1
+        WHERE ready_generation = :generation
         GROUP BY ready_slot, queue, priority, enqueue_shard, counter_bucket
         HAVING sum(terminal_delta) <> 0
     ),
@@ -168,12 +170,12 @@ FOLD_DELTAS_SQL = """
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM grouped) AS grouped_keys, (SELECT count(*) FROM folded) AS folded
-"""
+""")
 
-TRUNCATE_DELTAS_SQL = "TRUNCATE TABLE {schema}.queue_terminal_count_deltas_{slot}"
-DELETE_GENERATION_DELTAS_SQL = """
-    DELETE FROM {schema}.queue_terminal_count_deltas_{slot} WHERE ready_generation = $1
-"""
+TRUNCATE_DELTAS_SQL = Statement("TRUNCATE TABLE {schema}.queue_terminal_count_deltas_{slot}")
+DELETE_GENERATION_DELTAS_SQL = Statement("""
+    DELETE FROM {schema}.queue_terminal_count_deltas_{slot} WHERE ready_generation = :generation
+""")
 
 
 class SlotOutcome(enum.Enum):
@@ -215,8 +217,8 @@ class _Slot:
 async def run_once(ctx: MaintenanceContext, max_slots: int = MAX_SLOTS_PER_TICK) -> RollupResult:
     layout = await read_layout(ctx)
     result = RollupResult()
-    current_slot = await ctx.db.fetchval(layout.sql(CURRENT_SLOT_SQL))
-    candidates = await ctx.db.fetch(layout.sql(CANDIDATE_SLOTS_SQL), current_slot)
+    current_slot = await ctx.db.fetchval(*CURRENT_SLOT_SQL.bind(layout.schema))
+    candidates = await ctx.db.fetch(*CANDIDATE_SLOTS_SQL.bind(layout.schema, current_slot=current_slot))
     for candidate in candidates:
         if result.rolled_slots >= max_slots:
             break
@@ -261,46 +263,46 @@ async def rollup_slot(
     ctx: MaintenanceContext, layout: QueueStorageLayout, slot: int, generation: int
 ) -> _Slot:
     """One slot in one transaction: re-check under the ring locks, then fold."""
-
-    def sql(template: str) -> str:
-        return template.format(schema=layout.schema, slot=int(slot))
-
     try:
         async with ctx.db.transaction() as conn:
-            return await _rollup_slot_tx(conn, sql, slot, generation)
+            return await _rollup_slot_tx(conn, layout.schema, slot, generation)
     except QueryError as exc:
         if exc.sqlstate == LOCK_NOT_AVAILABLE:
             return _Slot(SlotOutcome.BLOCKED, "lock_timeout")
         raise
 
 
-async def _rollup_slot_tx(conn: Connection, sql: Callable[[str], str], slot: int, generation: int) -> _Slot:
-    current_slot = await conn.fetchval(sql(LOCK_RING_SQL))
-    slot_generation = await conn.fetchval(sql(LOCK_SLOT_SQL), slot)
+async def _rollup_slot_tx(conn: Connection, schema: str, slot: int, generation: int) -> _Slot:
+    # The slot's delta and ready children are named by their slot number.
+    child = str(int(slot))
+    current_slot = await conn.fetchval(*LOCK_RING_SQL.bind(schema))
+    slot_generation = await conn.fetchval(*LOCK_SLOT_SQL.bind(schema, slot=slot))
     if current_slot == slot:
         return _Slot(SlotOutcome.SKIPPED_ACTIVE, "current_slot")
     if slot_generation != generation:
         return _Slot(SlotOutcome.EMPTY, "rotated_meanwhile")
-    if await conn.fetchval(MVCC_PINNED_SQL):
+    if await conn.fetchval(*MVCC_PINNED_SQL.bind()):
         return _Slot(SlotOutcome.SKIPPED_MVCC_PINNED)
-    if await conn.fetchval(sql(PENDING_READY_SQL), generation):
+    if await conn.fetchval(*PENDING_READY_SQL.bind(schema, slot=child, generation=generation)):
         return _Slot(SlotOutcome.SKIPPED_ACTIVE, "pending_ready_rows")
 
-    await conn.execute("SELECT set_config('lock_timeout', $1, true)", ROLLUP_LOCK_TIMEOUT)
-    await conn.execute(sql(LOCK_DELTAS_SQL))
-    if await conn.fetchval(sql(ACTIVE_LEASES_SQL), slot, generation):
+    await conn.execute(*SET_LOCK_TIMEOUT_SQL.bind(lock_timeout=ROLLUP_LOCK_TIMEOUT))
+    await conn.execute(*LOCK_DELTAS_SQL.bind(schema, slot=child))
+    if await conn.fetchval(*ACTIVE_LEASES_SQL.bind(schema, slot=slot, generation=generation)):
         return _Slot(SlotOutcome.SKIPPED_ACTIVE, "active_leases")
-    if await conn.fetchval(sql(UNCLOSED_CLAIMS_SQL), slot, generation):
+    if await conn.fetchval(*UNCLOSED_CLAIMS_SQL.bind(schema, slot=slot, generation=generation)):
         return _Slot(SlotOutcome.SKIPPED_ACTIVE, "unclosed_claims")
     # Again, now that the lock is ours: a snapshot taken during the lock wait
     # or the gates would miss the truncated rows just the same.
-    if await conn.fetchval(MVCC_PINNED_SQL):
+    if await conn.fetchval(*MVCC_PINNED_SQL.bind()):
         return _Slot(SlotOutcome.SKIPPED_MVCC_PINNED)
 
-    rows = await conn.fetchone(sql(DELTA_ROWS_SQL), generation)
+    rows = await conn.fetchone(*DELTA_ROWS_SQL.bind(schema, slot=child, generation=generation))
     if not rows["this_generation"]:
         return _Slot(SlotOutcome.EMPTY)
-    grouped_keys = (await conn.fetchone(sql(FOLD_DELTAS_SQL), generation))["grouped_keys"]
+    grouped_keys = (await conn.fetchone(*FOLD_DELTAS_SQL.bind(schema, slot=child, generation=generation)))[
+        "grouped_keys"
+    ]
     if rows["other_generations"]:
         log.warning(
             "%s: delta child of slot %d holds %d rows of other generations; "
@@ -310,7 +312,7 @@ async def _rollup_slot_tx(conn: Connection, sql: Callable[[str], str], slot: int
             rows["other_generations"],
             generation,
         )
-        await conn.execute(sql(DELETE_GENERATION_DELTAS_SQL), generation)
+        await conn.execute(*DELETE_GENERATION_DELTAS_SQL.bind(schema, slot=child, generation=generation))
     else:
-        await conn.execute(sql(TRUNCATE_DELTAS_SQL))
+        await conn.execute(*TRUNCATE_DELTAS_SQL.bind(schema, slot=child))
     return _Slot(SlotOutcome.ROLLED, delta_rows=rows["this_generation"], grouped_keys=grouped_keys)
