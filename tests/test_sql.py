@@ -68,3 +68,68 @@ async def test_bound_statement_runs_on_postgres(db) -> None:
     statement = Statement("SELECT :b::int * 10 + :a::int AS value, '{\"k\": 1}'::jsonb ->> 'k' AS k")
     row = await db.fetchrow(*statement.bind(a=3, b=4))
     assert row["value"] == 43 and row["k"] == "1"
+
+
+def _select_items(select_list: str) -> list[str]:
+    """Items of a SELECT list, split at commas outside parentheses and quotes."""
+    items, depth, quoted, start = [], 0, False, 0
+    for index, char in enumerate(select_list):
+        if char == "'":
+            quoted = not quoted
+        elif not quoted and char == "(":
+            depth += 1
+        elif not quoted and char == ")":
+            depth -= 1
+        elif not quoted and depth == 0 and char == ",":
+            items.append(select_list[start:index])
+            start = index + 1
+    return [*items, select_list[start:]]
+
+
+def _output_name(item: str) -> str:
+    """The column an item names: its alias, or a bare column."""
+    words = item.split()
+    return words[-1] if len(words) >= 3 and words[-2] == "AS" else item.strip()
+
+
+def _job_row_inserts() -> list[tuple[str, list[str]]]:
+    import re
+
+    from awa_trio.engines.canonical import (
+        canonical_drain,
+        promote,
+        rescue_callbacks,
+        rescue_deadlines,
+        rescue_heartbeats,
+    )
+    from awa_trio.jobs import JOB_COLUMNS
+
+    columns = ", ".join(JOB_COLUMNS)
+    pattern = re.compile(
+        r"INSERT INTO awa\.\w+ \(" + re.escape(columns) + r"\)\s+SELECT(.*?)\n\s*FROM ", re.S
+    )
+    found = []
+    for module in (canonical_drain, promote, rescue_callbacks, rescue_deadlines, rescue_heartbeats):
+        for name, value in vars(module).items():
+            statements = value.values() if isinstance(value, dict) else [value]
+            for statement in statements:
+                if isinstance(statement, Statement):
+                    for select_list in pattern.findall(statement.text):
+                        found.append(
+                            (
+                                f"{module.__name__}.{name}",
+                                [_output_name(i) for i in _select_items(select_list)],
+                            )
+                        )
+    return found
+
+
+def test_every_job_row_insert_names_its_values_in_column_order() -> None:
+    """An INSERT ... SELECT of a whole job row gives each value the name of
+    the column it fills, so a misplaced NULL is caught here."""
+    from awa_trio.jobs import JOB_COLUMNS
+
+    inserts = _job_row_inserts()
+    assert len(inserts) >= 11  # promotion (batch, one, cancel) and the three rescues (batch, one)
+    for name, outputs in inserts:
+        assert outputs == list(JOB_COLUMNS), name

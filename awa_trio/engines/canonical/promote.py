@@ -70,13 +70,13 @@ _PROMOTE_DUE_SQL_TEMPLATE = """
     )
     INSERT INTO awa.jobs_hot ({columns})
     SELECT
-        id, kind, queue, args, 'available', priority, attempt, max_attempts,
+        id, kind, queue, args, 'available' AS state, priority, attempt, max_attempts,
         CASE WHEN octet_length('awa:' || queue) > 63 THEN now() + interval '1 microsecond'
-             ELSE now() END,
-        NULL, NULL, attempted_at, finalized_at,
+             ELSE now() END AS run_at,
+        NULL AS heartbeat_at, NULL AS deadline_at, attempted_at, finalized_at,
         created_at, errors, metadata, tags, unique_key, unique_states,
-        NULL, NULL, NULL,
-        NULL, NULL, NULL,
+        NULL AS callback_id, NULL AS callback_timeout_at, NULL AS callback_filter,
+        NULL AS callback_on_complete, NULL AS callback_on_fail, NULL AS callback_transform,
         run_lease, progress
     FROM due
     RETURNING {returning}
@@ -143,13 +143,13 @@ CANCEL_DUPLICATE_SQL = Statement(
     )
     INSERT INTO awa.jobs_hot ({columns})
     SELECT
-        id, kind, queue, args, 'cancelled', priority, attempt, max_attempts,
-        run_at, NULL, NULL, attempted_at, now(),
+        id, kind, queue, args, 'cancelled' AS state, priority, attempt, max_attempts,
+        run_at, NULL AS heartbeat_at, NULL AS deadline_at, attempted_at, now() AS finalized_at,
         created_at,
-        errors || jsonb_build_object('error', :error::text, 'attempt', attempt, 'at', now()),
+        errors || jsonb_build_object('error', :error::text, 'attempt', attempt, 'at', now()) AS errors,
         metadata, tags, unique_key, unique_states,
-        NULL, NULL, NULL,
-        NULL, NULL, NULL,
+        NULL AS callback_id, NULL AS callback_timeout_at, NULL AS callback_filter,
+        NULL AS callback_on_complete, NULL AS callback_on_fail, NULL AS callback_transform,
         run_lease, progress
     FROM taken
     RETURNING {columns}

@@ -107,13 +107,13 @@ ONE_SELECTION = "AND id = :job_id"
 #: canonical drain's variant (:mod:`.canonical_drain`).
 RETRY_TAKEN = Fragment("""INSERT INTO awa.scheduled_jobs ({columns})
     SELECT
-        id, kind, queue, args, 'retryable', priority, attempt, max_attempts,
-        run_at, NULL, NULL, attempted_at, now(),
+        id, kind, queue, args, 'retryable' AS state, priority, attempt, max_attempts,
+        run_at, NULL AS heartbeat_at, NULL AS deadline_at, attempted_at, now() AS finalized_at,
         created_at,
-        errors || jsonb_build_object('error', :error::text, 'attempt', attempt, 'at', now()),
+        errors || jsonb_build_object('error', :error::text, 'attempt', attempt, 'at', now()) AS errors,
         metadata, tags, unique_key, unique_states,
-        NULL, NULL, NULL,
-        NULL, NULL, NULL,
+        NULL AS callback_id, NULL AS callback_timeout_at, NULL AS callback_filter,
+        NULL AS callback_on_complete, NULL AS callback_on_fail, NULL AS callback_transform,
         run_lease, progress
     FROM taken
     RETURNING {columns}""")

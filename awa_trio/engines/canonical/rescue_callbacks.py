@@ -76,18 +76,18 @@ _RESCUE_SQL_TEMPLATE = """
     retried AS (
         INSERT INTO awa.scheduled_jobs ({columns})
         SELECT
-            id, kind, queue, args, 'retryable', priority, attempt, max_attempts,
-            now() + awa.backoff_duration(attempt, max_attempts),
-            heartbeat_at, deadline_at, attempted_at, now(),
+            id, kind, queue, args, 'retryable' AS state, priority, attempt, max_attempts,
+            now() + awa.backoff_duration(attempt, max_attempts) AS run_at,
+            heartbeat_at, deadline_at, attempted_at, now() AS finalized_at,
             created_at,
             errors || jsonb_build_object(
                 'error', :error::text,
                 'attempt', attempt,
                 'at', now()
-            ),
+            ) AS errors,
             metadata, tags, unique_key, unique_states,
-            NULL, NULL, NULL,
-            NULL, NULL, NULL,
+            NULL AS callback_id, NULL AS callback_timeout_at, NULL AS callback_filter,
+            NULL AS callback_on_complete, NULL AS callback_on_fail, NULL AS callback_transform,
             run_lease, progress
         FROM taken
         RETURNING {columns}
