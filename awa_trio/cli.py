@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import json
 import logging
@@ -39,6 +40,8 @@ from .config import (
 )
 from .cron import (
     PeriodicJob,
+    declared_periodic_jobs,
+    merge_declared_periodic_jobs,
     merge_periodic_jobs,
     periodic_jobs_from_document,
     periodic_jobs_from_flags,
@@ -73,7 +76,10 @@ EXIT_CODES = (
 )
 #: Tables and keys a --config file may hold at its top level.
 FILE_TABLES = ("maintenance", "queue_retention", "dlq_policy", "periodic_jobs")
-FILE_KEYS = ("database_url", "lock_database_url", "metrics_addr", "admin_addr")
+FILE_KEYS = ("database_url", "lock_database_url", "metrics_addr", "admin_addr", "periodic_from")
+#: Commands that call the --periodic-from functions (so that status, migrate
+#: and the rest work where the application's code is not installed).
+DECLARING_COMMANDS = ("run", "doctor")
 #: How long ``resign`` waits for another session to hold the lock.
 DEFAULT_RESIGN_TIMEOUT = 10.0
 
@@ -214,6 +220,15 @@ def build_parser() -> _OneLineErrorParser:
         "timezone=Europe/London'",
     )
     parser.add_argument(
+        "--periodic-from",
+        action="append",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="register the schedules the application declares in code: awa_trio calls "
+        "FUNCTION(client) with a recorder standing in for the awa-pg client, importing MODULE from "
+        "the working directory and PYTHONPATH (repeatable; env AWA_PERIODIC_FROM, comma-separated)",
+    )
+    parser.add_argument(
         "--disable-branch",
         action="append",
         default=None,
@@ -324,7 +339,12 @@ def _check_file_layout(document: Mapping[str, Any], path: str) -> None:
         raise ConfigError(f"{path}: unknown key {key!r}{hint}")
     for key in FILE_KEYS:
         if key in document and not isinstance(document[key], str):
-            raise ConfigError(f"{path}: {key} must be a string")
+            if key == "periodic_from" and _strings(document[key]):
+                continue
+            raise ConfigError(
+                f"{path}: {key} must be a string"
+                + (" or a list of strings" if key == "periodic_from" else "")
+            )
     dlq = document.get("dlq_policy")
     if isinstance(dlq, Mapping):
         for key in dlq:
@@ -332,6 +352,10 @@ def _check_file_layout(document: Mapping[str, Any], path: str) -> None:
                 near = _nearest(key, ("enabled_default", "overrides"))
                 hint = f"; did you mean {near!r}?" if near else " (use enabled_default, overrides)"
                 raise ConfigError(f"{path}: unknown setting {key!r} in [dlq_policy]{hint}")
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 def _settings_from_file(document: Mapping[str, Any], path: str) -> dict[str, Any]:
@@ -377,6 +401,8 @@ class Invocation:
     disabled_branches: tuple[str, ...]
     document: Mapping[str, Any]
     periodic_jobs: tuple[PeriodicJob, ...] = ()
+    #: The declaration functions (``module:function``) the schedules above include.
+    periodic_from: tuple[str, ...] = ()
     log_format: str = "text"
     metrics_addr: str | None = None
     json_output: bool = False
@@ -467,6 +493,10 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     if job_flags is None:
         job_flags = split_periodic_job_lines(environ.get("AWA_PERIODIC_JOBS", ""))
     periodic_jobs = merge_periodic_jobs(from_file, periodic_jobs_from_flags(job_flags))
+    periodic_from = _periodic_from(args.periodic_from, environ, document)
+    if periodic_from and (args.command in DECLARING_COMMANDS or args.print_config):
+        declared = declared_periodic_jobs(periodic_from)
+        periodic_jobs = merge_declared_periodic_jobs(periodic_jobs, declared)
 
     disabled = args.disable_branch
     if disabled is None:
@@ -515,7 +545,20 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         disabled_branches=tuple(disabled),
         document=document,
         periodic_jobs=periodic_jobs,
+        periodic_from=periodic_from,
     )
+
+
+def _periodic_from(
+    flags: Sequence[str] | None, environ: Mapping[str, str], document: Mapping[str, Any]
+) -> tuple[str, ...]:
+    """--periodic-from, else AWA_PERIODIC_FROM (comma-separated), else the file's key."""
+    if flags is not None:
+        return tuple(flags)
+    if environ.get("AWA_PERIODIC_FROM", "").strip():
+        return tuple(s.strip() for s in environ["AWA_PERIODIC_FROM"].split(",") if s.strip())
+    from_file = document.get("periodic_from", ())
+    return (from_file,) if isinstance(from_file, str) else tuple(from_file)
 
 
 def _encode(value: Any) -> Any:
@@ -543,6 +586,7 @@ def config_as_json(config: MaintenanceConfig, invocation: Invocation | None = No
             log_level=invocation.log_level,
             log_format=invocation.log_format,
             periodic_jobs=_encode(list(invocation.periodic_jobs)),
+            periodic_from=list(invocation.periodic_from),
             disabled_branches=list(invocation.disabled_branches),
         )
     return json.dumps(document, indent=2, sort_keys=True, default=str)
@@ -674,7 +718,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if invocation.command == "doctor":
             from .doctor import run_doctor
 
-            return trio.run(run_doctor, url, invocation.json_output, invocation.config)
+            return trio.run(
+                functools.partial(
+                    run_doctor,
+                    url,
+                    invocation.json_output,
+                    invocation.config,
+                    periodic_jobs=len(invocation.periodic_jobs),
+                    periodic_from=invocation.periodic_from,
+                )
+            )
         if invocation.command == "resign":
             from .control import request_resign
 

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import trio
@@ -191,6 +191,72 @@ async def check_leader(db: Database) -> Finding:
         "nothing promotes scheduled jobs, rescues stale ones or prunes finished ones",
         "start `python -m awa_trio` (or an awa-pg runtime) against this database",
         {"candidates": [s["pid"] for s in sessions]},
+    )
+
+
+#: Live runtimes that run queues (awa-pg or Rust workers: the processes whose
+#: code may declare schedules with client.periodic); awa_trio's own
+#: maintenance-only instance runs none.
+WORKER_RUNTIMES_SQL = """
+    SELECT hostname, pid, version
+    FROM awa.runtime_instances
+    WHERE last_seen_at > now() - make_interval(secs => greatest(snapshot_interval_ms, 1000) * 3 / 1000.0)
+      AND NOT shutting_down
+      AND jsonb_typeof(queues) = 'array' AND jsonb_array_length(queues) > 0
+    ORDER BY hostname, pid
+"""
+
+
+async def check_periodic_declarations(
+    db: Database, periodic_jobs: int = 0, periodic_from: Sequence[str] = ()
+) -> Finding:
+    """While awa_trio holds the lock, no runtime registers the schedules its
+    code declares; only awa_trio's own (--periodic-from, [periodic_jobs])
+    reach awa.cron_jobs. ``periodic_jobs`` and ``periodic_from`` are what this
+    doctor's configuration gives awa_trio (run it with run's flags)."""
+    sessions = await db.fetch(LOCK_SESSIONS_SQL, LOCK_KEY)
+    holder = next((s for s in sessions if s["holds_lock"]), None)
+    if holder is None or not (holder["application_name"] or "").startswith("awa_trio"):
+        return Finding(
+            "periodic_declarations", OK, "awa_trio does not lead: the leading runtime registers its schedules"
+        )
+    workers = [dict(row) for row in await db.fetch(WORKER_RUNTIMES_SQL)]
+    details = {
+        "worker_runtimes": len(workers),
+        "periodic_jobs": periodic_jobs,
+        "periodic_from": list(periodic_from),
+    }
+    if periodic_from:
+        return Finding(
+            "periodic_declarations",
+            OK,
+            f"awa_trio registers {periodic_jobs} schedule(s), with the code declarations of {', '.join(periodic_from)}",
+            details=details,
+        )
+    if not workers:
+        return Finding("periodic_declarations", OK, "no live awa runtime runs queues", details=details)
+    if periodic_jobs:
+        return Finding(
+            "periodic_declarations",
+            OK,
+            f"awa_trio registers {periodic_jobs} configured schedule(s); schedules declared in code "
+            "(client.periodic) are registered only with --periodic-from",
+            details=details,
+        )
+    names = ", ".join(f"{w['hostname']}:{w['pid']}" for w in workers[:3]) + (
+        " ..." if len(workers) > 3 else ""
+    )
+    return Finding(
+        "periodic_declarations",
+        WARNING,
+        f"awa_trio leads and {len(workers)} awa runtime(s) run queues ({names}), "
+        "but awa_trio registers no schedules of its own",
+        "only the lock holder writes the schedules declared in code (client.periodic) into "
+        "awa.cron_jobs: while awa_trio leads, a new one is never registered and a changed "
+        "expression or args never takes effect (rows already there keep firing)",
+        "name the app's declaration function with --periodic-from package.module:function (or "
+        "periodic_from in the config file), and run doctor with the same flags and config as run",
+        details,
     )
 
 
@@ -400,6 +466,8 @@ async def collect_findings(
     horizon_warning: float = HORIZON_WARNING,
     horizon_critical: float = HORIZON_CRITICAL,
     due_grace: float = DUE_GRACE,
+    periodic_jobs: int = 0,
+    periodic_from: Sequence[str] = (),
 ) -> list[Finding]:
     """Every check, in order of priority; ``db`` should be a one-connection
     pool so that the horizon check excludes the doctor's own session."""
@@ -418,6 +486,11 @@ async def collect_findings(
     findings.append(await _guarded("notify", check_notify(db)))
     if info is not None:
         findings.append(await _guarded("privileges", check_privileges(db, info)))
+        findings.append(
+            await _guarded(
+                "periodic_declarations", check_periodic_declarations(db, periodic_jobs, periodic_from)
+            )
+        )
     return findings
 
 
@@ -446,11 +519,18 @@ def format_findings(findings: list[Finding]) -> str:
 
 
 async def run_doctor(
-    database_url: str, as_json: bool = False, config: MaintenanceConfig | None = None
+    database_url: str,
+    as_json: bool = False,
+    config: MaintenanceConfig | None = None,
+    *,
+    periodic_jobs: int = 0,
+    periodic_from: Sequence[str] = (),
 ) -> int:
     try:
         async with open_database(database_url, pool_size=1, application_name="awa_trio doctor") as db:
-            findings = await collect_findings(db, config)
+            findings = await collect_findings(
+                db, config, periodic_jobs=periodic_jobs, periodic_from=periodic_from
+            )
     except DatabaseError as exc:
         print(f"awa_trio: cannot use database {redact_url(database_url)}: {exc}", file=sys.stderr)
         return EXIT_CRITICAL

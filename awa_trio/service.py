@@ -33,7 +33,13 @@ from opentelemetry.metrics import MeterProvider
 from .branch import BranchSpec
 from .config import MaintenanceConfig
 from .context import MaintenanceContext, Services
-from .cron import PeriodicJob, validate_periodic_jobs
+from .cron import (
+    PeriodicJob,
+    declared_periodic_jobs,
+    merge_declared_periodic_jobs,
+    validate_periodic_jobs,
+)
+from .cron.declared import DeclarationSource
 from .db import Database, DatabaseError, open_database, sole_exception
 from .errors import AwaTrioError, ConfigError, UnsupportedSchema
 from .hooks import Hooks
@@ -66,6 +72,7 @@ class MaintenanceService:
         meter_provider: MeterProvider | None = None,
         hooks: Hooks | None = None,
         periodic_jobs: Sequence[PeriodicJob] = (),
+        periodic_from: DeclarationSource | Sequence[DeclarationSource] = (),
         extra_branches: Sequence[BranchSpec] = (),
         disabled_branches: Sequence[str] = (),
         branch_factory: BranchFactory = default_branches,
@@ -87,8 +94,17 @@ class MaintenanceService:
         #: The reloadable settings (config, disabled branches, periodic jobs)
         #: and the paused branches; periodic jobs are validated here, so a bad
         #: schedule fails at construction, naming it.
+        #: Schedules the application declares in code (``periodic_from``: a
+        #: ``"module:function"`` or the function, called once here with a
+        #: recorder); kept across reconfigure(), which replaces only the others.
+        sources = (
+            [periodic_from] if isinstance(periodic_from, str) or callable(periodic_from) else periodic_from
+        )
+        self.declared_periodic_jobs = declared_periodic_jobs(list(sources), search_working_directory=False)
         self.live = LiveSettings(
-            config or MaintenanceConfig(), disabled_branches, validate_periodic_jobs(periodic_jobs)
+            config or MaintenanceConfig(),
+            disabled_branches,
+            merge_declared_periodic_jobs(validate_periodic_jobs(periodic_jobs), self.declared_periodic_jobs),
         )
         #: Where reload() reads new settings from (the CLI sets it to re-read
         #: the config file and environment); None: reload() has no source.
@@ -244,7 +260,11 @@ class MaintenanceService:
         ``restart_only`` names further settings the caller could not apply."""
         live = self.live
         disabled = frozenset(live.disabled_branches if disabled_branches is None else disabled_branches)
-        jobs = live.periodic_jobs if periodic_jobs is None else validate_periodic_jobs(periodic_jobs)
+        jobs = live.periodic_jobs
+        if periodic_jobs is not None:
+            jobs = merge_declared_periodic_jobs(
+                validate_periodic_jobs(periodic_jobs), self.declared_periodic_jobs
+            )
         self._check_disabled_branches(disabled, config)
         changed, kept = live.replace(config, disabled, jobs)
         kept = tuple(kept) + tuple(restart_only)

@@ -8,6 +8,10 @@ Embedding::
     jobs = [PeriodicJob("nightly_report", "30 2 * * *", kind="nightly_report",
                         timezone="Europe/London", args={"format": "pdf"})]
     service = MaintenanceService(url, periodic_jobs=jobs)
+
+or the application's own declarations (see :mod:`awa_trio.cron.declared`)::
+
+    service = MaintenanceService(url, periodic_from="app.schedules:declare")
 """
 
 from .branches import (
@@ -19,6 +23,12 @@ from .branches import (
     evaluate_cron_schedules,
     evaluate_schedules,
     sync_periodic_jobs,
+)
+from .declared import (
+    PeriodicRecorder,
+    declared_periodic_jobs,
+    derive_kind,
+    merge_declared_periodic_jobs,
 )
 from .expressions import CronExpression, CronExpressionError, parse_cron_expression
 from .fire_times import (
@@ -50,12 +60,16 @@ __all__ = [
     "MissedFirePolicy",
     "PeriodicJob",
     "PeriodicJobError",
+    "PeriodicRecorder",
     "UnknownTimezoneError",
     "compute_fire_times",
     "cron_branches",
+    "declared_periodic_jobs",
+    "derive_kind",
     "evaluate_cron_schedules",
     "evaluate_schedules",
     "format_fire_time",
+    "merge_declared_periodic_jobs",
     "merge_periodic_jobs",
     "parse_cron_expression",
     "parse_periodic_job_flag",
