@@ -250,7 +250,7 @@ def test_malformed_config_file(tmp_path):
      "unknown table [queue_retentions]; did you mean [queue_retention]?"),
     ('[[periodic_job]]\nname = "x"\n', "unknown table [[periodic_job]]; did you mean [[periodic_jobs]]?"),
     ('databse_url = "postgresql://localhost/awa"\n', "unknown key 'databse_url'; did you mean 'database_url'?"),
-    ('colour = "blue"\n', "unknown key 'colour' (top-level keys: database_url, lock_database_url, metrics_addr, admin_addr)"),
+    ('colour = "blue"\n', "unknown key 'colour' (top-level keys: database_url, lock_database_url, metrics_addr, admin_addr, periodic_from)"),
     ('[dlq_policy]\nenabled = true\n',
      "unknown setting 'enabled' in [dlq_policy]; did you mean 'enabled_default'?"),
     ("database_url = 5\n", "database_url must be a string"),
