@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from support.declared_schedules import declare
 
 import awa_trio
-from awa_trio.cli import resolve
+from awa_trio.cli import build_service, resolve
 from awa_trio.cron import PeriodicJob, PeriodicJobError, PeriodicRecorder, declared_periodic_jobs, derive_kind
 from awa_trio.errors import ConfigError
 from awa_trio.service import MaintenanceService
@@ -218,6 +218,26 @@ def test_the_config_file_key_takes_a_string_or_a_list_and_flags_win(tmp_path, mo
     assert [j.name for j in invocation.periodic_jobs] == ["declared_probe"]
     # status does not import the application's code (it may not be installed where status runs).
     assert resolve(["status", "--periodic-from", "nowhere:declare"], {}).periodic_jobs == ()
+
+
+def test_a_reload_calls_the_declaration_again_and_a_failing_one_keeps_the_old_schedules(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    for name in [name for name in os.environ if name.startswith("AWA_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("DECLARED_PROBE_VERSION", "1")
+    argv = ["--database-url", URL, "--periodic-from", "support.declared_schedules:declare_probe"]
+    service = build_service(resolve(argv), with_metrics=False)
+    assert [job.args for job in service.periodic_jobs] == [{"version": 1}]
+
+    monkeypatch.setenv("DECLARED_PROBE_VERSION", "2")
+    result = service.reload()
+    assert result.applied and "periodic_jobs" in result.changed
+    assert [job.args for job in service.periodic_jobs] == [{"version": 2}]
+
+    monkeypatch.setenv("DECLARED_PROBE_VERSION", "two")
+    result = service.reload()
+    assert not result.applied and "ValueError" in result.error
+    assert [job.args for job in service.periodic_jobs] == [{"version": 2}]
 
 
 def test_embedding_takes_the_function_or_its_name_and_keeps_them_across_reconfigure():

@@ -23,6 +23,7 @@ error at startup that names the schedule.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import math
@@ -74,8 +75,6 @@ def args_to_json(args: object) -> Any:
     if dump is not None:
         return value_to_json(dump(mode="json"))
     if hasattr(args, "__dataclass_fields__"):
-        import dataclasses
-
         return value_to_json(dataclasses.asdict(args))  # type: ignore[call-overload]
     if isinstance(args, dict):
         return value_to_json(args)
