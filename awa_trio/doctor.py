@@ -216,7 +216,13 @@ async def check_periodic_declarations(
     doctor's configuration gives awa_trio (run it with run's flags)."""
     sessions = await db.fetch(LOCK_SESSIONS_SQL, LOCK_KEY)
     holder = next((s for s in sessions if s["holds_lock"]), None)
-    if holder is None or not (holder["application_name"] or "").startswith("awa_trio"):
+    if holder is not None and holder["application_name"] is None:
+        return Finding(
+            "periodic_declarations",
+            OK,
+            "cannot tell whether awa_trio leads: the lock holder's application_name is hidden from this role",
+        )
+    if holder is None or not holder["application_name"].startswith("awa_trio"):
         return Finding(
             "periodic_declarations", OK, "awa_trio does not lead: the leading runtime registers its schedules"
         )
