@@ -630,6 +630,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"awa_trio: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
+    if invocation.command != "demo" and signal.getsignal(signal.SIGTERM) is signal.default_int_handler:
+        # Set by __main__ for the start-up only: the demo keeps it until its
+        # signal receiver takes over; every other command gets the default
+        # back (``run`` installs its own receiver).
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
     if invocation.print_config:
         try:
             build_service(invocation, with_metrics=False).validate_disabled_branches()
