@@ -183,12 +183,17 @@ class Narrator:
                     say(f"{kind} job {row['id']} completed")
 
 
-async def start_worker(argv_tail: list[str], nursery: trio.Nursery) -> tuple[trio.Process, trio.Event]:
+async def start_worker(
+    argv_tail: list[str], nursery: trio.Nursery, processes: list[trio.Process]
+) -> tuple[trio.Process, trio.Event]:
+    """An awa-pg worker process, put in ``processes`` (whose owner kills
+    them all at the end) before anything can interrupt its start."""
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "awa_trio.demo_worker", *argv_tail],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
+    processes.append(process)
     ready, started_slow_job = trio.Event(), trio.Event()
 
     async def read() -> None:
@@ -305,6 +310,9 @@ async def _run(url: str, engine: str, http_address: str, duration: float | None)
             for process in processes:
                 if process.returncode is None:
                     process.kill()
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                for process in processes:
+                    await process.wait()
             nursery.cancel_scope.cancel()
 
 
@@ -319,12 +327,10 @@ async def _workload(
 ) -> None:
     import awa
 
-    worker, _ = await start_worker([url, "--role", role], nursery)
-    processes.append(worker)
+    await start_worker([url, "--role", role], nursery, processes)
     doomed, started_slow_job = await start_worker(
-        [url, "--role", role, "--queue", REPORTS_QUEUE, "--die-on-first"], nursery
+        [url, "--role", role, "--queue", REPORTS_QUEUE, "--die-on-first"], nursery, processes
     )
-    processes.append(doomed)
     client = awa.Client(url)
     soon = dt.datetime.now(dt.UTC)
     for n, delay in enumerate((3, 6, 9)):
@@ -357,8 +363,7 @@ async def _workload(
                 "starting a replacement worker"
             )
             doomed.kill()
-            replacement, _ = await start_worker([url, "--role", role, "--queue", REPORTS_QUEUE], nursery)
-            processes.append(replacement)
+            await start_worker([url, "--role", role, "--queue", REPORTS_QUEUE], nursery, processes)
         with trio.move_on_after(duration if duration is not None else float("inf")):
             await trio.sleep_forever()
         narrating.cancel_scope.cancel()
