@@ -30,7 +30,7 @@ from .db import open_database
 from .engines.canonical import rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from .engines.queue_storage import rescue_heartbeats as qs_rescue_heartbeats
 from .http_api import prometheus_meter_provider
-from .schema import QUEUE_STORAGE, SchemaInfo, read_schema
+from .schema import QUEUE_STORAGE, SchemaInfo, install_queue_storage, read_schema
 from .service import MaintenanceService
 
 if TYPE_CHECKING:
@@ -245,8 +245,12 @@ async def run_demo(
                     say(f"installing the Awa schema with awa-pg into {url} ...")
                     await _blocking(server, _migrate, url)
                     if engine == QUEUE_STORAGE:
+                        # Before anything runs: an awa-pg ``auto`` runtime only
+                        # switches an install that holds no job, and the demo's
+                        # cron job (fired within a second of awa_trio leading)
+                        # often landed in the canonical tables first.
                         say("switching the new database to queue storage with awa-pg ...")
-                        await _blocking(server, _install_queue_storage, url)
+                        await _blocking(server, install_queue_storage, url)
                     await _run(url, engine, http_address, duration)
             finally:
                 with trio.CancelScope(shield=True):
@@ -272,18 +276,6 @@ def _migrate(url: str) -> None:
     import awa
 
     awa.Client(url).migrate()
-
-
-def _install_queue_storage(url: str) -> None:
-    """The switch to queue storage before anything runs: an awa-pg ``auto``
-    runtime only switches an install that holds no job, and the demo's own
-    cron job (fired within a second of awa_trio leading) often landed in
-    the canonical tables first."""
-    import asyncio
-
-    import awa
-
-    asyncio.run(awa.AsyncClient(url).install_queue_storage(schema="awa"))
 
 
 async def _run(url: str, engine: str, http_address: str, duration: float | None) -> None:
