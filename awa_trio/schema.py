@@ -7,9 +7,12 @@ import dataclasses
 import json
 import logging
 import re
+from typing import Any
 
-from .db import Database, QueryError
-from .errors import UnsupportedSchema
+import trio
+
+from .db import Database, QueryError, open_database
+from .errors import AwaTrioError, UnsupportedSchema
 
 log = logging.getLogger(__name__)
 
@@ -158,13 +161,50 @@ def unsupported_engine_message(engine: str) -> str:
     )
 
 
-def migrate(database_url: str) -> int:
-    """Install or upgrade the Awa schema with awa-pg's own migrator."""
+#: Whether a canonical install holds any job (on a fresh one, none).
+_HAS_JOBS_SQL = "SELECT EXISTS (SELECT 1 FROM awa.jobs)"
+
+
+def _awa_pg() -> Any:
     try:
         import awa
     except ImportError:
         raise UnsupportedSchema(
             f"awa-pg is not installed; install it with: pip install '{AWA_PG_REQUIREMENT}'"
         ) from None
-    awa.Client(database_url).migrate()
-    return 0
+    return awa
+
+
+async def migrate(database_url: str, engine: str | None = None) -> SchemaInfo:
+    """Install or upgrade the Awa schema with awa-pg's own migrator.
+
+    The server is asked first, with awa_trio's own driver: it fails in a
+    moment with the real cause, where awa-pg's pool waits 30 s and reports
+    only that it timed out. With ``engine="queue_storage"`` a fresh install
+    is switched to queue storage by awa-pg's installer, the switch the first
+    awa-pg runtime would make; an install that already holds jobs is
+    refused, since moving them is the staged transition's work.
+    """
+    awa = _awa_pg()
+    async with open_database(database_url, pool_size=1) as db:
+        await db.fetchval("SELECT 1")
+        await trio.to_thread.run_sync(awa.Client(database_url).migrate)
+        info = await check_schema(db)
+        if engine != QUEUE_STORAGE or info.runs_queue_storage:
+            return info
+        if info.state != STATE_CANONICAL or await db.fetchval(_HAS_JOBS_SQL):
+            raise AwaTrioError(
+                f"this database holds jobs on the canonical engine (state {info.state}): switch it to "
+                "queue storage with Awa's staged transition (prepare, enter, finalize), not at install"
+            )
+        await trio.to_thread.run_sync(install_queue_storage, database_url)
+        return await check_schema(db)
+
+
+def install_queue_storage(database_url: str) -> None:
+    """awa-pg's installer, in the schema an awa-pg runtime would finalise
+    into: blocking (it runs its own asyncio loop), for a worker thread."""
+    import asyncio
+
+    awa = _awa_pg()
+    asyncio.run(awa.AsyncClient(database_url).install_queue_storage(schema=DEFAULT_QUEUE_STORAGE_SCHEMA))

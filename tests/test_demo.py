@@ -122,3 +122,99 @@ async def test_ctrl_c_stops_the_demo_in_seconds_and_leaves_no_server_or_worker()
     leftovers = list(tmp_path.glob("awa_trio_pg_*"))
     shutil.rmtree(tmp_path, ignore_errors=True)
     assert leftovers == []
+
+
+def processes_of_this_run(tmp_path: Path) -> list[str]:
+    """Live processes of one demo run: the server (its data directory is in
+    its command line), the reaper (likewise) and anything that inherited the
+    run's TMPDIR (the awa-pg workers)."""
+    marker = f"TMPDIR={tmp_path}".encode()
+    found = processes_mentioning(str(tmp_path))
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in environ and state != "Z":
+            found.append(cmdline)
+    return found
+
+
+#: When the signal comes: seconds after launch, or the line the demo prints
+#: as it enters a phase.
+MOMENTS = {
+    "0.2s": 0.2,
+    "0.5s": 0.5,
+    "1s": 1.0,
+    "2s": 2.0,
+    "schema install": "installing the Awa schema with awa-pg",
+    "queue-storage finalisation": "switching the new database to queue storage",
+    "workload": "is scheduled for",
+}
+
+
+@pytest.mark.parametrize(
+    ("moment", "signum"),
+    [
+        ("0.2s", signal.SIGTERM),
+        ("0.5s", signal.SIGINT),
+        ("1s", signal.SIGTERM),
+        ("2s", signal.SIGINT),
+        ("schema install", signal.SIGTERM),
+        ("queue-storage finalisation", signal.SIGINT),
+        ("workload", signal.SIGINT),
+        ("workload", signal.SIGTERM),
+    ],
+    ids=lambda value: value if isinstance(value, str) else signal.Signals(value).name,
+)
+async def test_a_signal_at_any_moment_stops_the_demo_and_leaves_nothing_behind(moment, signum):
+    """SIGINT or SIGTERM to the demo process alone (not its group: the demo
+    itself must stop its workers and server), at any moment of its life:
+    exit 0 within 5 s, and no process and no directory of the run left."""
+    tmp_path = demo_directory()
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    launched = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "awa_trio", "demo", "--metrics-addr", "127.0.0.1:0", "--log-level", "WARNING"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    out = ""
+    try:
+        when = MOMENTS[moment]
+        if isinstance(when, float):
+            await trio.sleep(max(0.0, launched + when - time.monotonic()))
+        else:
+            assert process.stdout is not None
+            deadline = time.monotonic() + 120
+            while when not in out:
+                assert time.monotonic() < deadline, out
+                line = await trio.to_thread.run_sync(process.stdout.readline)
+                assert line, out
+                out += line
+        signalled = time.monotonic()
+        process.send_signal(signum)
+        try:
+            rest, errors = await trio.to_thread.run_sync(lambda: process.communicate(timeout=30))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the demo did not exit 30 s after {signal.Signals(signum).name}\n{out}")
+        took = time.monotonic() - signalled
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    out += rest
+    assert process.returncode == 0, out + errors[-3000:]
+    assert "Traceback" not in errors, errors[-3000:]
+    assert took < 5, f"{signal.Signals(signum).name} at {moment}: exit took {took:.1f}s\n{out}"
+    # Workers killed by the demo are gone in a moment; nothing else may be left.
+    deadline = time.monotonic() + 3
+    while processes_of_this_run(tmp_path) and time.monotonic() < deadline:
+        await trio.sleep(0.1)
+    leftovers = list(tmp_path.iterdir())
+    left_running = processes_of_this_run(tmp_path)
+    shutil.rmtree(tmp_path, ignore_errors=True)
+    assert left_running == [], out
+    assert leftovers == [], out
