@@ -26,7 +26,7 @@ from test_rescue import db_now, insert_running, insert_waiting, job_snapshot, ma
 from test_rescue_fallback import MASK_WITHOUT_RUNNING, superseded_pair
 
 from awa_trio.config import MaintenanceConfig
-from awa_trio.engines.canonical import rescue_callbacks, rescue_heartbeats
+from awa_trio.engines.canonical import canonical_drain, rescue_callbacks, rescue_heartbeats
 from awa_trio.engines.queue_storage import rescue_heartbeats as qs_rescue_heartbeats
 from awa_trio.service import MaintenanceService
 
@@ -321,3 +321,38 @@ async def test_a_queue_storage_handler_past_its_deadline_is_cancelled_on_its_wor
     [entry] = json.loads(row["errors"]) if isinstance(row["errors"], str) else row["errors"]
     assert (entry["error"], entry["attempt"]) == ("hard deadline exceeded", 1)
     assert datetime.fromisoformat(entry["at"]).timestamp() <= seen_at
+
+
+async def test_during_a_transition_no_notice_names_an_attempt_of_the_other_plane(
+    qs_db, meter_provider
+):
+    """The two planes' ids overlap and a notice names no engine: a rescue on
+    either plane sends none for a (job_id, run_lease) that a live attempt of
+    the other plane also has, and the others as usual."""
+    ctx = await make_qs_context(qs_db, meter_provider=meter_provider,
+                                heartbeat_staleness=STALENESS)
+    qs_ids = await insert_jobs(qs_db, 3, queue="mixed")
+    await claim(qs_db, "mixed", 3, deadline=0)
+    [(shared_id, shared_lease), (qs_alone, qs_lease), (claimed_too, claimed_lease)] = (
+        await open_claims(qs_db, qs_ids))
+    await age_claims(qs_db, STALENESS * 2)
+    now = await db_now(qs_db)
+    # Canonical rows of the drain: one with a queue-storage attempt's very id
+    # and lease (fresh: its worker lives), one stale twin of another attempt,
+    # one stale with an id no queue-storage job has.
+    await insert_running(qs_db, now, id=shared_id, run_lease=shared_lease, heartbeat_at=now)
+    await insert_running(qs_db, now, id=claimed_too, run_lease=claimed_lease)
+    canonical_alone = await insert_running(qs_db, now, id=max(qs_ids) + 100, run_lease=1)
+
+    async with listening(qs_db) as listener:
+        canonical = await canonical_drain.rescue_stale_heartbeats(ctx)
+        from_canonical = await listener.drain()
+        queue_storage = await qs_rescue_heartbeats.run_once(ctx)
+        from_queue_storage = await listener.drain()
+
+    assert sorted(j.id for j in canonical.rescued) == sorted([claimed_too, canonical_alone])
+    # The canonical twin's notice would cancel queue-storage attempt (claimed_too, lease).
+    assert from_canonical == [(canonical_alone, 1)]
+    assert sorted(j.id for j in queue_storage.rescued) == sorted(qs_ids)
+    # shared_id's canonical row is still running with that lease: no notice for it.
+    assert sorted(from_queue_storage) == sorted([(qs_alone, qs_lease), (claimed_too, claimed_lease)])
