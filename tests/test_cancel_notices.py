@@ -356,3 +356,68 @@ async def test_during_a_transition_no_notice_names_an_attempt_of_the_other_plane
     assert sorted(j.id for j in queue_storage.rescued) == sorted(qs_ids)
     # shared_id's canonical row is still running with that lease: no notice for it.
     assert sorted(from_queue_storage) == sorted([(qs_alone, qs_lease), (claimed_too, claimed_lease)])
+
+
+async def test_the_queue_storage_row_by_row_fallback_notifies_each_committed_row(
+    qs_db, meter_provider
+):
+    """A stray deferred row fails the whole batch (its notices roll back with
+    it); redone row by row, each rescue and the poisoned row's cancellation
+    notify once, from their own savepoints."""
+    ctx = await make_qs_context(qs_db, meter_provider=meter_provider,
+                                heartbeat_staleness=STALENESS)
+    ids = await insert_jobs(qs_db, 3, queue="poison")
+    await claim(qs_db, "poison", 3, deadline=300)
+    attempts = await open_claims(qs_db, ids)
+    await age_claims(qs_db, STALENESS * 2)
+    await qs_db.execute(
+        "INSERT INTO awa.deferred_jobs (job_id, kind, queue, state, priority, run_at, run_lease) "
+        "VALUES ($1, 'stray', 'stray', 'scheduled', 2, now() + interval '1 hour', 99)", ids[1])
+
+    async with listening(qs_db) as listener:
+        result = await qs_rescue_heartbeats.run_once(ctx)
+        received = await listener.drain()
+
+    assert result.row_by_row_batches == 1
+    assert [j.id for j in result.duplicates_cancelled] == [ids[1]]
+    assert sorted(received) == attempts
+    assert len(received) == len(set(received))
+
+
+async def test_a_duplicate_cancelled_at_its_deadline_is_cancelled_on_its_worker(
+    database_url, db, awa_client
+):
+    """Attempt 1 runs past its deadline while a newer duplicate (parked in a
+    queue no worker serves) holds the unique claim it would re-enter: the
+    deadline rescue cancels it as a superseded duplicate (#388 fallback),
+    and that cancellation reaches the handler too. It never runs again."""
+    unique = {"by_args": True, "by_queue": False, "states": MASK_WITHOUT_RUNNING}
+    service = MaintenanceService(database_url, CONFIG)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        with trio.fail_after(120):
+            await service.wait_until_leader()
+            async with awa_pg_worker(
+                database_url, f"{KIND}:{QUEUE}", behaviour="until-cancelled-first",
+                extra_args=["--mute-maintenance", "--deadline-ms", str(DEADLINE_MS)],
+            ) as worker:
+                first = await in_thread(awa_client.insert, {"n": 1}, kind=KIND, queue=QUEUE,
+                                        unique_opts=unique)
+                await worker.wait_for_line(f"START {first.id} 1 ")
+                deadline_at = await db.fetchval(
+                    "SELECT deadline_at FROM awa.jobs_hot WHERE id = $1", first.id)
+                newer = await in_thread(awa_client.insert, {"n": 1}, kind=KIND, queue="parked",
+                                        unique_opts=unique)
+                cancelled_line = await worker.wait_for_line(f"CANCELLED {first.id} 1 ", timeout=30)
+                await worker.wait_for_line(f"RAN {first.id} 1 ")
+                await trio.sleep(4 * CONFIG.promote_interval)
+                lines = list(worker.lines)
+        service.stop()
+
+    seen_at = float(cancelled_line.split()[-1])
+    assert seen_at - deadline_at.timestamp() <= CONFIG.deadline_rescue_interval + 1.0
+    row = await job_snapshot(db, first.id)
+    assert row["state"] == "cancelled"
+    assert row["errors"][-1]["error"].startswith("rescued as duplicate")
+    assert (await job_snapshot(db, newer.id))["state"] == "available"
+    assert not any(line.startswith(f"START {first.id} 2") for line in lines)
