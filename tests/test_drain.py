@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import asynccontextmanager
 from datetime import timedelta
 
 import pytest
@@ -261,11 +262,18 @@ class CancelDuringStatement:
     def __getattr__(self, name):
         return getattr(self._db, name)
 
-    async def _call(self, method, *args):
+    async def _call(self, method, *args, target=None):
         self.statements += 1
         if self.statements == self._nth:
             self._nursery.start_soon(self._cancel_later)
-        return await getattr(self._db, method)(*args)
+        return await getattr(target or self._db, method)(*args)
+
+    @asynccontextmanager
+    async def transaction(self, **options):
+        """Statements inside a transaction count too (a canonical rescue
+        batch runs with its cancel notices in one)."""
+        async with self._db.transaction(**options) as conn:
+            yield _CountedConnection(self, conn)
 
     async def _cancel_later(self):
         await trio.sleep(self._delay)
@@ -282,6 +290,27 @@ class CancelDuringStatement:
 
     async def execute(self, *args):
         return await self._call("execute", *args)
+
+
+class _CountedConnection:
+    def __init__(self, counter: CancelDuringStatement, conn):
+        self._counter = counter
+        self._conn = conn
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    async def fetch(self, *args):
+        return await self._counter._call("fetch", *args, target=self._conn)
+
+    async def fetchrow(self, *args):
+        return await self._counter._call("fetchrow", *args, target=self._conn)
+
+    async def fetchval(self, *args):
+        return await self._counter._call("fetchval", *args, target=self._conn)
+
+    async def execute(self, *args):
+        return await self._counter._call("execute", *args, target=self._conn)
 
 
 async def run_cancelled(ctx, body, nth: int, delay: float):
@@ -318,7 +347,8 @@ async def test_a_cancelled_rescue_drain_leaves_whole_batches(db, delay):
     backlog = await ids(db, INSERT_STALE_SQL.format(deadline="NULL"), total)
     before = {row["id"]: dict(row) for row in await db.fetch("SELECT * FROM awa.jobs_hot")}
 
-    await run_cancelled(ctx, rescue_heartbeats.run_once, nth=3, delay=delay)
+    # Two statements a batch (the rescue, its cancel notices): the 3rd batch's rescue.
+    await run_cancelled(ctx, rescue_heartbeats.run_once, nth=5, delay=delay)
 
     rescued = await rescued_ids(db, HEARTBEAT_ERROR)
     assert len(rescued) >= 2 * BATCH and len(rescued) % BATCH == 0 and len(rescued) < total

@@ -6,9 +6,23 @@ Each engine supplies only its batch (its SQL, its unique-claim fallback):
 :func:`drain_rescues` runs it until one comes back short or the tick's
 budget is spent, with the drain's rest between full batches.
 
+Cancel notices go out inside each batch's transaction, before its commit:
+every attempt a batch takes away from a worker (heartbeat and deadline
+rescues, and every duplicate cancellation, a callback-timeout branch's
+included, as upstream signals them; never a callback-timeout rescue, whose
+handler has returned) gets ``pg_notify('awa:cancel', '{"job_id": ..,
+"run_lease": ..}')``, the notice every Awa runtime listens for (upstream's
+``cancel_listener.rs``) and answers by setting that attempt's cancel flag,
+so its handler sees ``job.is_cancelled()``. Postgres delivers a notice only
+when its transaction commits: a rescue that rolls back sends none, one that
+commits always does. ``run_lease`` is the attempt's own: no rescue changes it
+(the next claim bumps it), and the listener matches ``(job_id, run_lease)``
+exactly. Each engine sends them with :func:`send_cancel_notices`.
+
 Side effects, per batch, in this order, after its statements committed:
-metrics; in-flight cancellation (heartbeat and deadline rescues, and every
-duplicate cancellation); follow-up jobs, one transaction per rescued job;
+metrics; in-flight cancellation of the same attempts registered in this
+process (:attr:`awa_trio.hooks.Hooks.in_flight`: an embedded executor does
+not listen for notices); follow-up jobs, one transaction per rescued job;
 then lifecycle events, handed to the hooks dispatcher without waiting (at
 most ``hook_queue_size`` waiting, the rest dropped and counted). A cancel
 during a batch's follow-ups (leadership lost) stands the rescue and loses
@@ -25,9 +39,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from ..context import MaintenanceContext
+from ..db import Connection
 from ..hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
 from ..jobs import JobRow
-from ..sql import Statement
+from ..sql import Fragment, Statement
 from .drain import BatchOutcome, DrainBudget, drain
 
 log = logging.getLogger(__name__)
@@ -55,6 +70,27 @@ INSERT_FOLLOW_UP_SQL = Statement(
     )
 """
 )
+
+
+#: The channel every Awa runtime listens on for cancellations of its attempts.
+CANCEL_CHANNEL = "awa:cancel"
+
+#: One cancel notice per attempt, ``{"job_id": <int>, "run_lease": <int>}``
+#: (JSON numbers, as the listener parses them), unless the attempt matches
+#: ``{unless}`` (an attempt of the other storage plane with the same id and
+#: lease, during a transition). Returns how many went out.
+CANCEL_NOTICES = Fragment(
+    """
+    SELECT count(pg_notify(
+        'awa:cancel',
+        jsonb_build_object('job_id', attempt.job_id, 'run_lease', attempt.run_lease)::text
+    ))
+    FROM unnest(:job_ids::bigint[], :run_leases::bigint[]) AS attempt(job_id, run_lease)
+    WHERE {unless}
+"""
+)
+#: Cancel notices for the canonical engine (nothing to tell apart).
+CANCEL_NOTICES_SQL = Statement(CANCEL_NOTICES(unless="true"))
 
 
 class Rescue(Protocol):
@@ -97,6 +133,8 @@ class RescueResult:
     drained: bool = True
     #: In-flight attempts of this process that were signalled.
     cancelled_in_flight: int = 0
+    #: ``awa:cancel`` notices committed with the batch.
+    cancel_notices: int = 0
     follow_ups_inserted: int = 0
     #: Rescued jobs whose follow-ups failed (factory or insert); their rescue stands.
     follow_up_failures: int = 0
@@ -115,6 +153,7 @@ class RescueResult:
         self.skipped += batch.skipped
         self.row_by_row_batches += batch.row_by_row_batches
         self.cancelled_in_flight += batch.cancelled_in_flight
+        self.cancel_notices += batch.cancel_notices
         self.follow_ups_inserted += batch.follow_ups_inserted
         self.follow_up_failures += batch.follow_up_failures
         self.events_dropped += batch.events_dropped
@@ -192,13 +231,15 @@ async def apply_side_effects(ctx: MaintenanceContext, rescue: Rescue, part: Resc
     for (kind, queue), count in Counter((job.kind, job.queue) for job in part.dead_lettered).items():
         ctx.metrics.record_dlq_moved(kind, queue, CALLBACK_TIMEOUT_DLQ_REASON, count)
 
+    if part.cancel_notices:
+        log.debug("%s: sent %d awa:cancel notices", rescue.name, part.cancel_notices)
+
     hooks: Hooks | None = ctx.hooks
     if hooks is None:
         return
-    signalled = list(part.duplicates_cancelled)
-    if rescue.cancels_in_flight:
-        signalled += part.rescued
-    part.cancelled_in_flight = hooks.cancel_in_flight(signalled)
+    part.cancelled_in_flight = hooks.cancel_in_flight(
+        attempts_to_cancel(rescue, part.rescued, part.duplicates_cancelled)
+    )
     if part.cancelled_in_flight:
         log.info("%s: signalled %d attempts running in this process", rescue.name, part.cancelled_in_flight)
 
@@ -210,6 +251,39 @@ async def apply_side_effects(ctx: MaintenanceContext, rescue: Rescue, part: Resc
     ]
     events += [JobRescued(job, rescue.reason) for job in part.rescued]
     part.events_dropped = hooks.publish(events)
+
+
+def attempts_to_cancel(
+    rescue: Rescue, rescued: Sequence[JobRow], duplicates_cancelled: Sequence[JobRow]
+) -> list[JobRow]:
+    """The attempts a batch took away from their workers: every duplicate
+    cancellation, and the rescued ones of a branch that cancels them (as
+    upstream's ``signal_cancellation``)."""
+    return [*duplicates_cancelled, *(rescued if rescue.cancels_in_flight else ())]
+
+
+async def send_cancel_notices(
+    conn: Connection,
+    statement: Statement,
+    attempts: Sequence[JobRow],
+    *,
+    schema: str | None = None,
+) -> int:
+    """``awa:cancel`` notices for ``attempts`` in ``conn``'s open transaction
+    (one statement; ``statement`` is :data:`CANCEL_NOTICES_SQL` or an
+    engine's variant, ``schema`` its queue-storage schema if it names one).
+    They reach listeners when that transaction commits, and never if it
+    rolls back. Returns how many were sent."""
+    if not attempts:
+        return 0
+    sent = await conn.fetchval(
+        *statement.bind(
+            schema if "schema" in statement.slots else None,
+            job_ids=[job.id for job in attempts],
+            run_leases=[job.run_lease for job in attempts],
+        )
+    )
+    return int(sent)
 
 
 async def insert_follow_ups(

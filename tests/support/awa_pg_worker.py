@@ -7,13 +7,18 @@ Registers one handler per kind. Behaviours: ``complete`` (return at once),
 retryable), ``hang-first`` (hang on attempt 1, complete on later attempts),
 ``callback`` (register an external callback of ``--callback-timeout-s`` and
 wait for it: the job parks in ``waiting_external``), ``callback-first``
-(callback on attempt 1, complete on later attempts).
+(callback on attempt 1, complete on later attempts), ``until-cancelled-first``
+(on attempt 1, poll ``job.is_cancelled()`` every 10 ms until it is true,
+print ``CANCELLED <id> <attempt> <kind> <unix ts>`` and return; complete on
+later attempts).
 ``--max-workers`` sets the slots per queue (4); ``--deadline-ms`` gives every queue a hard deadline per attempt;
 ``--mute-rescue`` silences only this runtime's rescues (it still promotes
 should it lead), ``--mute-maintenance`` its promotion too.
 Prints ``READY`` once started, ``START <id> <attempt> <kind>`` when a handler
 begins, ``WAITING <id> <attempt> <kind> <callback id>`` when it parks on a
-callback and ``DONE <id> <attempt> <kind>`` when it completes, flushed at once.
+callback and ``DONE <id> <attempt> <kind>`` when it completes, and, as the
+handler returns (however it ends), the ledger line ``RAN <id> <attempt> <kind>
+<start unix ts> <end unix ts>``; all flushed at once.
 SIGTERM shuts the runtime down gracefully.
 """
 
@@ -21,6 +26,7 @@ import argparse
 import asyncio
 import signal
 import sys
+import time
 
 import awa
 
@@ -35,7 +41,7 @@ async def main() -> None:
     parser.add_argument("--kind", action="append", required=True, help="KIND or KIND:QUEUE")
     parser.add_argument("--behaviour", default="complete",
                         choices=("complete", "hang", "fail", "hang-first", "callback",
-                                 "callback-first"))
+                                 "callback-first", "until-cancelled-first"))
     parser.add_argument("--role", default="canonical_drain")
     parser.add_argument("--leader-election-interval-ms", type=int, default=10_000)
     parser.add_argument("--heartbeat-interval-ms", type=int, default=None)
@@ -51,6 +57,27 @@ async def main() -> None:
     args = parser.parse_args()
 
     client = awa.AsyncClient(args.dsn)
+
+    async def behave(job, kind):
+        say("START", job.id, job.attempt, kind)
+        if args.behaviour == "until-cancelled-first" and job.attempt == 1:
+            while not job.is_cancelled():
+                await asyncio.sleep(0.01)
+            say("CANCELLED", job.id, job.attempt, kind, f"{time.time():.6f}")
+            return None
+        if args.behaviour == "hang" or (args.behaviour == "hang-first" and job.attempt == 1):
+            await asyncio.Event().wait()
+        wants_callback = args.behaviour == "callback" or (
+            args.behaviour == "callback-first" and job.attempt == 1)
+        if wants_callback:
+            token = await job.register_callback(timeout_seconds=args.callback_timeout_s)
+            say("WAITING", job.id, job.attempt, kind, token.id)
+            return awa.WaitForCallback(token)
+        if args.behaviour == "fail":
+            raise RuntimeError("worker asked to fail")
+        say("DONE", job.id, job.attempt, kind)
+        return None
+
     queues = {}
     for spec in args.kind:
         kind, _, queue = spec.partition(":")
@@ -59,18 +86,11 @@ async def main() -> None:
 
         @client.task(dict, kind=kind, queue=queue)
         async def handle(job, _kind=kind):
-            say("START", job.id, job.attempt, _kind)
-            if args.behaviour == "hang" or (args.behaviour == "hang-first" and job.attempt == 1):
-                await asyncio.Event().wait()
-            wants_callback = args.behaviour == "callback" or (
-                args.behaviour == "callback-first" and job.attempt == 1)
-            if wants_callback:
-                token = await job.register_callback(timeout_seconds=args.callback_timeout_s)
-                say("WAITING", job.id, job.attempt, _kind, token.id)
-                return awa.WaitForCallback(token)
-            if args.behaviour == "fail":
-                raise RuntimeError("worker asked to fail")
-            say("DONE", job.id, job.attempt, _kind)
+            started = time.time()
+            try:
+                return await behave(job, _kind)
+            finally:
+                say("RAN", job.id, job.attempt, _kind, f"{started:.6f}", f"{time.time():.6f}")
 
     start_kwargs = dict(
         storage_transition_role=args.role,

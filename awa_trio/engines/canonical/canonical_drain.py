@@ -36,6 +36,13 @@ the same:
   as id (the id sequences overlap): a canonical rescue cancels only an
   attempt registered as canonical, and the drain's own lines say
   "canonical plane";
+* the rescues send ``awa:cancel`` notices for the canonical attempts they
+  take, as on the canonical engine; but a notice names no engine, and a
+  runtime's listener matches ``(job_id, run_lease)`` alone, so an attempt
+  whose id and lease a queue-storage attempt also has (a lease, a claim or
+  a compact claim item, closed or not) gets none: cancelling the wrong
+  attempt would lose its work, while a missing notice only leaves a
+  rescued handler running, as before notices;
 * finished canonical rows past retention are deleted as on the canonical
   engine, so a long drain does not grow ``jobs_hot``;
 * the ``canonical_drain`` branch reports the backlog and warns when due
@@ -63,7 +70,7 @@ from typing import Any
 
 from ...context import MaintenanceContext
 from ...maintenance.queue_info import FINALIZE_BLOCKERS
-from ...maintenance.rescue import RescueResult
+from ...maintenance.rescue import CANCEL_NOTICES, RescueResult
 from ...sql import Statement
 from . import cleanup as canonical_cleanup
 from . import rescue_deadlines, rescue_heartbeats
@@ -170,8 +177,33 @@ _DRAIN_RESCUE_TEMPLATE = """
 """
 
 
+#: Cancel notices of canonical attempts, except those whose (id, lease) a
+#: queue-storage attempt also has (module docstring).
+CANONICAL_PLANE_NOTICES_SQL = Statement(
+    CANCEL_NOTICES(
+        unless="""NOT EXISTS (
+            SELECT 1 FROM {schema}.leases AS lease
+            WHERE lease.job_id = attempt.job_id AND lease.run_lease = attempt.run_lease
+        )
+        AND NOT EXISTS (
+            SELECT 1 FROM {schema}.lease_claims AS claims
+            WHERE claims.job_id = attempt.job_id AND claims.run_lease = attempt.run_lease
+        )
+        AND NOT EXISTS (
+            SELECT 1
+            FROM {schema}.lease_claim_batches AS claim_batches
+            CROSS JOIN LATERAL unnest(claim_batches.job_ids, claim_batches.run_leases)
+                AS items(job_id, run_lease)
+            WHERE claim_batches.job_ids @> ARRAY[attempt.job_id]
+              AND items.job_id = attempt.job_id
+              AND items.run_lease = attempt.run_lease
+        )"""
+    )
+)
+
+
 def drain_rescue_sweep(canonical: RescueSweep, *, predicate: str, order_by: str) -> RescueSweep:
-    """``canonical``'s sweep with the drain's statement (same name, metric,
+    """``canonical``'s sweep with the drain's statements (same name, metric,
     reason, error entries and unique-claim fallback)."""
     retry_taken = RETRY_TAKEN(columns=JOB_COLUMNS_SQL)
 
@@ -189,6 +221,7 @@ def drain_rescue_sweep(canonical: RescueSweep, *, predicate: str, order_by: str)
         batch_sql=statement(BATCH_SELECTION(order_by=order_by)),
         one_sql=statement(ONE_SELECTION),
         candidates_sql=candidates_sql(predicate, order_by),
+        cancel_notices_sql=CANONICAL_PLANE_NOTICES_SQL,
     )
 
 

@@ -30,6 +30,11 @@ is skipped with an error naming the claim holder. One poisoned row never
 stops the others. The drain goes on with batches after a full fallback
 batch that made progress; a fallback that took nothing ends the tick.
 
+Each rescue statement (a batch, one row of the fallback, one duplicate
+cancellation) runs in a transaction with the ``awa:cancel`` notices of the
+attempts it took (:func:`awa_trio.maintenance.rescue.send_cancel_notices`),
+so the notices go out exactly when the rescue commits.
+
 The drain, the outcome and the side effects of a committed batch are the
 shared core's (:mod:`awa_trio.maintenance.rescue`), as on queue storage.
 """
@@ -44,6 +49,7 @@ from typing import Any
 from ...config import DEFAULT_RESCUE_BATCH_SIZE
 from ...context import MaintenanceContext
 from ...db import (
+    Connection,
     ConnectionLost,
     DatabaseError,
     QueryError,
@@ -54,7 +60,13 @@ from ...db import (
 from ...hooks import RescueReason
 from ...jobs import JOB_COLUMNS, JobRow
 from ...maintenance.drain import BatchOutcome, DrainBudget
-from ...maintenance.rescue import RescueResult, drain_rescues
+from ...maintenance.rescue import (
+    CANCEL_NOTICES_SQL,
+    RescueResult,
+    attempts_to_cancel,
+    drain_rescues,
+    send_cancel_notices,
+)
 from ...sql import Fragment, Statement
 from .unique_claims import holder_text, unique_claim_holder
 
@@ -203,6 +215,26 @@ class RescueSweep:
     #: The config field holding this branch's interval (sets the drain budget);
     #: None: the budget is ``drain_time_budget`` alone.
     interval_setting: str | None = None
+    #: The ``awa:cancel`` notices of the attempts a statement took (the
+    #: canonical drain's variant skips ids a queue-storage attempt shares).
+    cancel_notices_sql: Statement = CANCEL_NOTICES_SQL
+
+
+async def send_notices(
+    conn: Connection,
+    ctx: MaintenanceContext,
+    sweep: RescueSweep,
+    *,
+    rescued: list[JobRow] | None = None,
+    cancelled: list[JobRow] | None = None,
+) -> int:
+    """The cancel notices of what one statement took, in its transaction."""
+    return await send_cancel_notices(
+        conn,
+        sweep.cancel_notices_sql,
+        attempts_to_cancel(sweep, rescued or [], cancelled or []),
+        schema=ctx.schema.queue_storage_schema,
+    )
 
 
 async def run_sweep(
@@ -229,9 +261,12 @@ async def rescue_batch(
     cannot be appended to), the same batch row by row, so that row alone
     is skipped. None: stop draining this tick."""
     try:
-        records = await ctx.db.fetch(
-            *sweep.batch_sql.bind(**params, error=sweep.rescue_error, limit=batch_size)
-        )
+        async with ctx.db.transaction() as conn:
+            records = await conn.fetch(
+                *sweep.batch_sql.bind(**params, error=sweep.rescue_error, limit=batch_size)
+            )
+            rescued = [JobRow.from_record(record) for record in records]
+            notices = await send_notices(conn, ctx, sweep, rescued=rescued)
     except QueryError as exc:
         problem = row_level_refusal(exc)
         if problem is None:
@@ -247,7 +282,8 @@ async def rescue_batch(
         if visited == batch_size and progress:
             return BatchOutcome(progress, more=True)
         return None
-    part.rescued = [JobRow.from_record(record) for record in records]
+    part.rescued = rescued
+    part.cancel_notices = notices
     return BatchOutcome.of(len(records), batch_size)
 
 
@@ -264,9 +300,12 @@ async def rescue_row_by_row(
     ids = [record["id"] for record in await ctx.db.fetch(*sweep.candidates_sql.bind(**params, limit=limit))]
     for position, job_id in enumerate(ids):
         try:
-            record = await ctx.db.fetchrow(
-                *sweep.one_sql.bind(**params, error=sweep.rescue_error, job_id=job_id)
-            )
+            async with ctx.db.transaction() as conn:
+                record = await conn.fetchrow(
+                    *sweep.one_sql.bind(**params, error=sweep.rescue_error, job_id=job_id)
+                )
+                rescued = [] if record is None else [JobRow.from_record(record)]
+                notices = await send_notices(conn, ctx, sweep, rescued=rescued)
         except UniqueViolation:
             await cancel_duplicate(ctx, sweep, job_id, result)
             continue
@@ -282,9 +321,10 @@ async def rescue_row_by_row(
             log.error("%s: rescue of job %d failed; skipping it: %s", sweep.name, job_id, exc)
             result.skipped.append(job_id)
             continue
-        # None: finished, heartbeated or taken by someone else since the candidate query.
-        if record is not None:
-            result.rescued.append(JobRow.from_record(record))
+        # None (nothing rescued): finished, heartbeated or taken by someone
+        # else since the candidate query.
+        result.rescued += rescued
+        result.cancel_notices += notices
     return len(ids)
 
 
@@ -293,9 +333,12 @@ async def cancel_duplicate(
 ) -> None:
     holder = holder_text(await unique_claim_holder(ctx, job_id))
     try:
-        record = await ctx.db.fetchrow(
-            *CANCEL_DUPLICATE_SQL.bind(job_id=job_id, state=sweep.from_state, error=sweep.duplicate_error)
-        )
+        async with ctx.db.transaction() as conn:
+            record = await conn.fetchrow(
+                *CANCEL_DUPLICATE_SQL.bind(job_id=job_id, state=sweep.from_state, error=sweep.duplicate_error)
+            )
+            cancelled = [] if record is None else [JobRow.from_record(record)]
+            notices = await send_notices(conn, ctx, sweep, cancelled=cancelled)
     except UniqueViolation:
         log.error(
             "%s: cannot rescue or cancel job %d: the unique claim is held by job %s and "
@@ -327,4 +370,5 @@ async def cancel_duplicate(
         holder,
         job_id,
     )
-    result.duplicates_cancelled.append(JobRow.from_record(record))
+    result.duplicates_cancelled += cancelled
+    result.cancel_notices += notices

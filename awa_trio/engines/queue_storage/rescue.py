@@ -49,6 +49,10 @@ row, each row under its own savepoint; a row failing with 23505 becomes a
 cancelled terminal row, any other failure leaves that row untouched and
 logged. One row never aborts the sweep.
 
+The batch's ``awa:cancel`` notices (:data:`QUEUE_STORAGE_NOTICES_SQL`, one
+statement after the settle, under the same savepoint) commit with it: a
+batch or a row of the fallback that rolls back takes its notices with it.
+
 A sweep drains: it repeats batches of ``rescue_batch_size`` (resting
 between full ones) until one comes back short or ``min(drain_time_budget,
 interval / 2)`` is spent. Each batch commits on its own, and its side
@@ -94,7 +98,14 @@ from ...db import Connection, ConnectionLost, QueryError, UniqueViolation, descr
 from ...hooks import RescueReason
 from ...jobs import QUEUE_STORAGE, JobRow
 from ...maintenance.drain import BatchOutcome
-from ...maintenance.rescue import CALLBACK_TIMEOUT_DLQ_REASON, RescueResult, drain_rescues
+from ...maintenance.rescue import (
+    CALLBACK_TIMEOUT_DLQ_REASON,
+    CANCEL_NOTICES,
+    RescueResult,
+    attempts_to_cancel,
+    drain_rescues,
+    send_cancel_notices,
+)
 from ...sql import Fragment, Statement
 from .layout import TERMINAL_COUNTER_BUCKETS, mask_claims
 
@@ -590,6 +601,22 @@ SETTLE_SQL = Statement(
 )
 
 
+#: Cancel notices of queue-storage attempts, except one whose (id, lease) a
+#: running canonical row also has: during a transition the two id sequences
+#: overlap, and the listener matches (job_id, run_lease) alone; a wrong
+#: cancel would lose that attempt's work (canonical_drain does the same the
+#: other way round).
+QUEUE_STORAGE_NOTICES_SQL = Statement(
+    CANCEL_NOTICES(
+        unless="""NOT EXISTS (
+            SELECT 1 FROM awa.jobs_hot AS hot
+            WHERE hot.id = attempt.job_id
+              AND hot.run_lease = attempt.run_lease
+              AND hot.state = 'running'
+        )"""
+    )
+)
+
 #: Transaction-local: no JIT for the rescue statements.
 NO_JIT_SQL = Statement("SET LOCAL jit = off")
 
@@ -630,6 +657,7 @@ class _BatchOutcome:
     records: list[Any]
     skipped: list[int]
     row_by_row: bool = False
+    cancel_notices: int = 0
 
 
 async def run_rescue(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> RescueResult:
@@ -640,6 +668,7 @@ async def run_rescue(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> Res
         outcome = await rescue_batch(ctx, rescue, batch_size)
         part.row_by_row_batches = int(outcome.row_by_row)
         part.skipped = outcome.skipped
+        part.cancel_notices = outcome.cancel_notices
         for record in outcome.records:
             job = JobRow.from_record(record, engine=QUEUE_STORAGE)
             if record["outcome"] == "cancelled":
@@ -665,7 +694,8 @@ async def rescue_batch(ctx: MaintenanceContext, rescue: QueueStorageRescue, limi
             async with conn.transaction():
                 taken = await rescue.take(conn, ctx, limit, None)
                 records = await settle(conn, ctx, rescue, taken) if taken else []
-            return _BatchOutcome(len(taken), records, [])
+                notices = await send_notices(conn, rescue, records)
+            return _BatchOutcome(len(taken), records, [], cancel_notices=notices)
         except ConnectionLost:
             raise
         except (QueryError, SettleMismatch) as exc:
@@ -677,23 +707,38 @@ async def rescue_batch(ctx: MaintenanceContext, rescue: QueueStorageRescue, limi
                 len(taken),
                 _describe(exc),
             )
-        records, skipped = await settle_row_by_row(conn, ctx, rescue, taken)
-        return _BatchOutcome(len(taken), records, skipped, row_by_row=True)
+        records, skipped, notices = await settle_row_by_row(conn, ctx, rescue, taken)
+        return _BatchOutcome(len(taken), records, skipped, row_by_row=True, cancel_notices=notices)
+
+
+async def send_notices(conn: Connection, rescue: QueueStorageRescue, records: Sequence[Any]) -> int:
+    """The ``awa:cancel`` notices of settled attempts (SETTLE_SQL records)."""
+    rescued: list[JobRow] = []
+    cancelled: list[JobRow] = []
+    for record in records:
+        job = JobRow.from_record(record, engine=QUEUE_STORAGE)
+        (cancelled if record["outcome"] == "cancelled" else rescued).append(job)
+    return await send_cancel_notices(
+        conn, QUEUE_STORAGE_NOTICES_SQL, attempts_to_cancel(rescue, rescued, cancelled)
+    )
 
 
 async def settle_row_by_row(
     conn: Connection, ctx: MaintenanceContext, rescue: QueueStorageRescue, taken: Sequence[Any]
-) -> tuple[list[Any], list[int]]:
+) -> tuple[list[Any], list[int], int]:
     """Each attempt of a failed batch under its own savepoint: a 23505 makes
-    that row a cancelled terminal row; any other failure leaves it untouched."""
+    that row a cancelled terminal row; any other failure leaves it untouched.
+    Returns the settled records, the skipped ids and the notices sent."""
     records: list[Any] = []
     skipped: list[int] = []
+    notices = 0
     for job_id in dict.fromkeys(int(row["job_id"]) for row in taken):
         try:
             async with conn.transaction():
                 one = await rescue.take(conn, ctx, 1, [job_id])
-                if one:
-                    records += await settle(conn, ctx, rescue, one)
+                settled = await settle(conn, ctx, rescue, one) if one else []
+                notices += await send_notices(conn, rescue, settled)
+            records += settled
             continue
         except ConnectionLost:
             raise
@@ -716,8 +761,9 @@ async def settle_row_by_row(
         try:
             async with conn.transaction():
                 one = await rescue.take(conn, ctx, 1, [job_id])
-                if one:
-                    records += await settle(conn, ctx, rescue, one, cancel=True)
+                settled = await settle(conn, ctx, rescue, one, cancel=True) if one else []
+                notices += await send_notices(conn, rescue, settled)
+            records += settled
         except ConnectionLost:
             raise
         except (QueryError, SettleMismatch) as exc:
@@ -728,7 +774,7 @@ async def settle_row_by_row(
                 _describe(exc),
             )
             skipped.append(job_id)
-    return records, skipped
+    return records, skipped, notices
 
 
 async def settle(
