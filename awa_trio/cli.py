@@ -556,6 +556,8 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     config_path = args.config or environ.get("AWA_CONFIG")
     document = load_config_file(config_path) if config_path else {}
     values = _settings_from_file(document, config_path) if document and config_path else {}
+    #: Settings whose value is the file's (an error in one names the file).
+    file_settings = set(values)
 
     for field in dataclasses.fields(MaintenanceConfig):
         if field.metadata["kind"] not in (INTERVAL, RETENTION, COUNT):
@@ -564,8 +566,10 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         from_env = environ.get(env_name(field.name))
         if from_flag is not None:
             values[field.name] = from_flag
+            file_settings.discard(field.name)
         elif from_env is not None:
             values[field.name] = from_env
+            file_settings.discard(field.name)
 
     retention_specs = args.queue_retention
     retention_env = environ.get("AWA_QUEUE_RETENTION") or environ.get("AWA_QUEUE_RETENTION_OVERRIDES")
@@ -601,7 +605,12 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     try:
         config = MaintenanceConfig(**values)
     except TypeError as exc:  # a wrongly typed value from the file
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(f"{config_path}: {exc}") from None
+    except ConfigError as exc:
+        setting = re.match(r"\w+", str(exc))
+        if setting and setting.group() in file_settings:
+            raise ConfigError(f"{config_path}: [maintenance] {exc}") from None
+        raise
 
     database_url = (
         args.database_url
@@ -886,14 +895,11 @@ def _main(argv: Sequence[str] | None) -> int:
                     file=sys.stderr,
                 )
                 return EXIT_FAILURE
-            from .demo import run_demo
+            from .demo import DEMO_METRICS_ADDR, check_can_listen, run_demo
 
-            return trio.run(
-                run_demo,
-                invocation.demo_engine,
-                invocation.metrics_addr or "127.0.0.1:9464",
-                invocation.demo_duration,
-            )
+            address = invocation.metrics_addr or DEMO_METRICS_ADDR
+            check_can_listen(address)  # before seconds of set-up, not after
+            return trio.run(run_demo, invocation.demo_engine, address, invocation.demo_duration)
         if invocation.command == "status":
             from .status import print_status
 
