@@ -807,7 +807,12 @@ def redact(url: str) -> str:
 
 async def serve(service: MaintenanceService) -> None:
     """Run until SIGINT or SIGTERM, then stop gracefully; SIGHUP reloads the
-    settings, SIGUSR1 resigns leadership."""
+    settings, SIGUSR1 resigns leadership. Under systemd (``Type=notify``) it
+    says READY=1 once the schema is checked and it takes part in the
+    election, its role as STATUS, STOPPING=1 at a stop, and feeds the
+    watchdog when ``WatchdogSec`` is set."""
+    from . import systemd
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -816,7 +821,9 @@ async def serve(service: MaintenanceService) -> None:
                     name = signal.Signals(signum).name
                     if signum == signal.SIGHUP:
                         log.info("received SIGHUP; reloading the settings")
+                        systemd.notify("RELOADING=1")
                         service.reload()
+                        systemd.notify("READY=1")
                     elif signum == signal.SIGUSR1:
                         if service.resign():
                             log.info("received SIGUSR1; resigning leadership")
@@ -824,11 +831,29 @@ async def serve(service: MaintenanceService) -> None:
                             log.info("received SIGUSR1; not the leader, nothing to resign")
                     else:
                         log.info("received %s; releasing leadership and stopping", name)
+                        systemd.notify("STOPPING=1", "STATUS=stopping: releasing leadership")
                         nursery.cancel_scope.cancel(reason=f"{name} received")
                         return
 
+            async def tell_role() -> None:
+                while True:
+                    leading = service.is_leader
+                    systemd.notify(f"STATUS={'leading maintenance' if leading else 'following'}")
+                    await service.wait_for_leadership_change()
+
+            async def run_service(
+                *, task_status: trio.TaskStatus[MaintenanceService] = trio.TASK_STATUS_IGNORED
+            ) -> None:
+                await service.run(task_status=task_status)
+                nursery.cancel_scope.cancel()  # it stopped by itself: so do its companions
+
             nursery.start_soon(on_signals)
-            await service.run()
+            await nursery.start(run_service)
+            systemd.notify("READY=1", f"MAINPID={os.getpid()}")
+            nursery.start_soon(tell_role)
+            interval = systemd.watchdog_interval()
+            if interval is not None:
+                nursery.start_soon(systemd.keep_watchdog_fed, lambda: service.is_alive, interval)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
