@@ -556,6 +556,8 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     config_path = args.config or environ.get("AWA_CONFIG")
     document = load_config_file(config_path) if config_path else {}
     values = _settings_from_file(document, config_path) if document and config_path else {}
+    #: Settings whose value is the file's (an error in one names the file).
+    file_settings = set(values)
 
     for field in dataclasses.fields(MaintenanceConfig):
         if field.metadata["kind"] not in (INTERVAL, RETENTION, COUNT):
@@ -564,8 +566,10 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         from_env = environ.get(env_name(field.name))
         if from_flag is not None:
             values[field.name] = from_flag
+            file_settings.discard(field.name)
         elif from_env is not None:
             values[field.name] = from_env
+            file_settings.discard(field.name)
 
     retention_specs = args.queue_retention
     retention_env = environ.get("AWA_QUEUE_RETENTION") or environ.get("AWA_QUEUE_RETENTION_OVERRIDES")
@@ -601,7 +605,12 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     try:
         config = MaintenanceConfig(**values)
     except TypeError as exc:  # a wrongly typed value from the file
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(f"{config_path}: {exc}") from None
+    except ConfigError as exc:
+        setting = re.match(r"\w+", str(exc))
+        if setting and setting.group() in file_settings:
+            raise ConfigError(f"{config_path}: [maintenance] {exc}") from None
+        raise
 
     database_url = (
         args.database_url
@@ -798,7 +807,12 @@ def redact(url: str) -> str:
 
 async def serve(service: MaintenanceService) -> None:
     """Run until SIGINT or SIGTERM, then stop gracefully; SIGHUP reloads the
-    settings, SIGUSR1 resigns leadership."""
+    settings, SIGUSR1 resigns leadership. Under systemd (``Type=notify``) it
+    says READY=1 once the schema is checked and it takes part in the
+    election, its role as STATUS, STOPPING=1 at a stop, and feeds the
+    watchdog when ``WatchdogSec`` is set."""
+    from . import systemd
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -807,7 +821,9 @@ async def serve(service: MaintenanceService) -> None:
                     name = signal.Signals(signum).name
                     if signum == signal.SIGHUP:
                         log.info("received SIGHUP; reloading the settings")
+                        systemd.notify("RELOADING=1")
                         service.reload()
+                        systemd.notify("READY=1")
                     elif signum == signal.SIGUSR1:
                         if service.resign():
                             log.info("received SIGUSR1; resigning leadership")
@@ -815,11 +831,29 @@ async def serve(service: MaintenanceService) -> None:
                             log.info("received SIGUSR1; not the leader, nothing to resign")
                     else:
                         log.info("received %s; releasing leadership and stopping", name)
+                        systemd.notify("STOPPING=1", "STATUS=stopping: releasing leadership")
                         nursery.cancel_scope.cancel(reason=f"{name} received")
                         return
 
+            async def tell_role() -> None:
+                while True:
+                    leading = service.is_leader
+                    systemd.notify(f"STATUS={'leading maintenance' if leading else 'following'}")
+                    await service.wait_for_leadership_change()
+
+            async def run_service(
+                *, task_status: trio.TaskStatus[MaintenanceService] = trio.TASK_STATUS_IGNORED
+            ) -> None:
+                await service.run(task_status=task_status)
+                nursery.cancel_scope.cancel()  # it stopped by itself: so do its companions
+
             nursery.start_soon(on_signals)
-            await service.run()
+            await nursery.start(run_service)
+            systemd.notify("READY=1", f"MAINPID={os.getpid()}")
+            nursery.start_soon(tell_role)
+            interval = systemd.watchdog_interval()
+            if interval is not None:
+                nursery.start_soon(systemd.keep_watchdog_fed, lambda: service.is_alive, interval)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -886,14 +920,11 @@ def _main(argv: Sequence[str] | None) -> int:
                     file=sys.stderr,
                 )
                 return EXIT_FAILURE
-            from .demo import run_demo
+            from .demo import DEMO_METRICS_ADDR, check_can_listen, run_demo
 
-            return trio.run(
-                run_demo,
-                invocation.demo_engine,
-                invocation.metrics_addr or "127.0.0.1:9464",
-                invocation.demo_duration,
-            )
+            address = invocation.metrics_addr or DEMO_METRICS_ADDR
+            check_can_listen(address)  # before seconds of set-up, not after
+            return trio.run(run_demo, invocation.demo_engine, address, invocation.demo_duration)
         if invocation.command == "status":
             from .status import print_status
 

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEMO_DATABASE = "awa_demo"
+#: Where the demo serves /status and /metrics unless --metrics-addr says.
+DEMO_METRICS_ADDR = "127.0.0.1:9464"
 DEMO_QUEUE = "demo"
 REPORTS_QUEUE = "demo_reports"
 DEMO_CONFIG = MaintenanceConfig(
@@ -76,6 +78,25 @@ RESCUES_SQL = """
     WHERE j.queue = ANY($1::text[]) AND entry->>'error' = ANY($2::text[])
     ORDER BY at
 """
+
+
+def check_can_listen(address: str) -> None:
+    """Refuse, with the way out, an address the endpoints cannot use."""
+    import os
+    import socket
+
+    from .errors import ConfigError
+    from .http_api import parse_address
+
+    host, port = parse_address(address)
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"the demo cannot serve its endpoints on {address}: {os.strerror(exc.errno) if exc.errno else exc}; "
+            "choose another address with --metrics-addr HOST:PORT (127.0.0.1:0 takes any free port)"
+        ) from None
 
 
 def say(text: str) -> None:

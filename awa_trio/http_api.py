@@ -125,7 +125,14 @@ class StatusApp:
             ready, body = await self.readiness()
             await respond_json(send, 200 if ready else 503, body)
         elif path == "/status":
-            await respond_json(send, 200, await self.service.status())
+            status = await self.service.status()
+            if not self.service.is_leader:
+                # The reason /readyz gives, word for word (the database's own
+                # answer now, not only the election's last error).
+                ready, readiness = await self.readiness()
+                if not ready:
+                    status["not_leading_reason"] = readiness["reason"]
+            await respond_json(send, 200, status)
         elif path == "/metrics":
             from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 

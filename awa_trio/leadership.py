@@ -64,7 +64,7 @@ import trio
 from .config import MaintenanceConfig
 from .db import APPLICATION_NAME, Connection, Database, DatabaseError, sole_exception
 from .errors import LeadershipAbandoned, UnsupportedSchema
-from .logs import connection_recovered
+from .logs import OutageLog, connection_recovered
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +214,8 @@ class LeadershipState:
         self.history: collections.deque[tuple[float, bool]] = collections.deque(maxlen=HISTORY_LENGTH)
         #: Why this node cannot lead now (a standby, a read-only server), or None.
         self.not_leading_reason: str | None = None
+        #: The last election attempt's error while they fail, else None.
+        self.unreachable_reason: str | None = None
         self._changed = trio.Event()
 
     def set_leader(self, value: bool) -> None:
@@ -287,6 +289,8 @@ class LeaderElector:
         self._leader_seen: int | None = None
         #: Set by resign() while leading; the term ends and the lock is released.
         self._resign_requested = trio.Event()
+        #: The election attempts that fail in a row (the server is unreachable).
+        self._outage = OutageLog(log, "leader election attempt")
 
     def reconfigure(self, config: MaintenanceConfig) -> None:
         """A reload: polls, checks and hold-offs use it from their next wait
@@ -374,11 +378,14 @@ class LeaderElector:
                 await conn.listen(CONTROL_CHANNEL, self._on_control_notice)
                 self._listening_on = conn
         except DatabaseError as exc:
-            log.warning("leader election attempt failed: %s", exc)
+            self._outage.failed(exc)
+            self._state.unreachable_reason = str(exc)
             if conn is not None:
                 await conn.close()
             return None, False
         # The server answered: the next outage's first failure warns again.
+        self._outage.recovered()
+        self._state.unreachable_reason = None
         connection_recovered(log.name, log)
         self._note_writability(unwritable_reason(conn.server_address, row["in_recovery"], row["read_only"]))
         if row["read_only"] and not row["in_recovery"]:

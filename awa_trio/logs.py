@@ -182,7 +182,8 @@ _CONNECTION_TROUBLE = re.compile(
     r"\[08\w{3}\]|\[57P0[123]\]|connection (was|is) closed|connection refused|"
     r"terminating connection|the database system is (starting up|shutting down)|"
     r"ConnectionResetError|ConnectionRefusedError|connection lost|unexpected connection_lost|cannot switch to state|"
-    r"another operation .* is in progress",
+    r"another operation .* is in progress|connect call failed|could not connect|name or service not known|"
+    r"no route to host|network is unreachable|timed out|TimeoutError",
     re.IGNORECASE,
 )
 
@@ -207,6 +208,8 @@ class ConnectionEpisodeFilter(logging.Filter):
     def _judge(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or record.levelno >= logging.CRITICAL:
             return True
+        if getattr(record, "outage_log", False):
+            return True  # an OutageLog's own line: already counted there
         message = record.getMessage()
         if not _CONNECTION_TROUBLE.search(message):
             return True
@@ -256,3 +259,72 @@ class _Episode:
 
 def _now() -> float:
     return time.monotonic()
+
+
+#: An outage's first reminder comes this long after it began; each later
+#: one twice as long after the one before, up to OUTAGE_REMINDER_CEILING.
+OUTAGE_FIRST_REMINDER = 10.0
+OUTAGE_REMINDER_CEILING = 900.0
+
+
+class OutageLog:
+    """A repeated failure told as a person wants to read it: one WARNING when
+    it starts, a reminder at a slowly growing interval (10 s, 20 s, 40 s ...
+    up to every 15 minutes) while it lasts, one INFO when it ends; every
+    failure in between at DEBUG. Times are Trio's clock."""
+
+    def __init__(self, logger: logging.Logger, what: str):
+        self._log = logger
+        self._what = what
+        self._started: float | None = None
+        self._failures = 0
+        self._next_reminder = 0.0
+        self._gap = OUTAGE_FIRST_REMINDER
+
+    @property
+    def ongoing(self) -> bool:
+        return self._started is not None
+
+    def failed(self, error: object) -> None:
+        import trio
+
+        now = trio.current_time()
+        self._failures += 1
+        extra = {"outage_log": True}
+        if self._started is None:
+            self._started, self._gap = now, OUTAGE_FIRST_REMINDER
+            self._next_reminder = now + self._gap
+            self._log.warning(
+                "%s failed: %s (retrying; reminders at growing intervals until it works again)",
+                self._what,
+                error,
+                extra=extra,
+            )
+        elif now >= self._next_reminder:
+            self._gap = min(OUTAGE_REMINDER_CEILING, self._gap * 2)
+            self._next_reminder = now + self._gap
+            self._log.warning(
+                "%s still failing after %.0fs (%d attempts): %s",
+                self._what,
+                now - self._started,
+                self._failures,
+                error,
+                extra=extra,
+            )
+        else:
+            self._log.debug("%s failed: %s", self._what, error, extra=extra)
+
+    def recovered(self) -> None:
+        import trio
+
+        if self._started is None:
+            return
+        self._log.info(
+            "%s works again after %.1fs (%d failed attempt%s)",
+            self._what,
+            trio.current_time() - self._started,
+            self._failures,
+            "" if self._failures == 1 else "s",
+            extra={"outage_log": True},
+        )
+        self._started, self._failures = None, 0

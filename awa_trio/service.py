@@ -185,8 +185,8 @@ class MaintenanceService:
     @property
     def not_leading_reason(self) -> str | None:
         """Why this node cannot lead now (its server is a standby or
-        read-only), or None: /readyz and /status say it."""
-        return self._state.not_leading_reason
+        read-only, or does not answer), or None: /readyz and /status say it."""
+        return self._state.not_leading_reason or self._state.unreachable_reason
 
     @property
     def lock_backend_pid(self) -> int | None:

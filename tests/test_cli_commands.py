@@ -187,3 +187,30 @@ async def test_every_exit_code_readme_documents(database_url, empty_database_url
         resigned = await run_cli("resign", "--database-url", database_url, "--timeout", "10s")
         assert resigned.returncode == 0, resigned.stderr
         nursery.cancel_scope.cancel()
+
+
+async def test_a_bad_value_in_the_config_file_names_the_file_and_a_flag_beats_it(tmp_path):
+    config = tmp_path / "awa_trio.toml"
+    config.write_text("[maintenance]\npromote_interval = 'soon'\n")
+    bad = await run_cli("--config", str(config), "--print-config")
+    assert bad.returncode == 2
+    assert one_line(bad.stderr) == (
+        f"awa_trio: invalid configuration: {config}: [maintenance] promote_interval: cannot read 'soon' as a "
+        "duration (use e.g. 250ms, 30s, 5m, 24h, 30d or plain seconds)")
+    overridden = await run_cli("--config", str(config), "--promote-interval", "1s", "--print-config")
+    assert overridden.returncode == 0, overridden.stderr
+    from_flag = await run_cli("--config", str(config), "--promote-interval", "0s", "--print-config")
+    assert one_line(from_flag.stderr) == "awa_trio: invalid configuration: promote_interval must be > 0"
+
+
+async def test_the_demo_names_the_way_out_of_a_port_in_use_before_any_set_up():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = await run_cli("demo", "--metrics-addr", f"127.0.0.1:{port}")
+    assert result.returncode == 2
+    assert one_line(result.stderr) == (
+        f"awa_trio: invalid configuration: the demo cannot serve its endpoints on 127.0.0.1:{port}: Address "
+        "already in use; choose another address with --metrics-addr HOST:PORT (127.0.0.1:0 takes any free port)")
+    assert b"starting a throwaway PostgreSQL" not in result.stdout

@@ -13,6 +13,7 @@ import sys
 import time
 from urllib.parse import urlsplit, urlunsplit
 
+import pytest
 import trio
 
 from awa_trio.logs import JsonFormatter, SecretFilter, secrets_of
@@ -281,3 +282,103 @@ async def test_a_follower_says_who_leads_once_and_again_when_the_leader_changes(
     # The cron schedule fired every second; each fire is a DEBUG line, not INFO.
     fires = [r for r in caplog.records if "enqueued periodic job 'tick'" in r.getMessage()]
     assert fires and all(r.levelno == logging.DEBUG for r in fires)
+
+
+async def test_an_outage_is_one_warning_then_reminders_at_growing_intervals_then_one_info(
+    caplog, autojump_clock, trio_time_records
+):
+    """Whatever the error says (the connection-trouble patterns are not
+    needed): a failure every second for 200 s is 1 warning, reminders at
+    10, 30, 70 and 150 s, debug lines between, and one line at recovery."""
+    from awa_trio.logs import ConnectionEpisodeFilter, OutageLog
+
+    logger = logging.getLogger("awa_trio.leadership")
+    caplog.set_level(logging.DEBUG, logger="awa_trio.leadership")
+    caplog.handler.addFilter(ConnectionEpisodeFilter())
+    outage = OutageLog(logger, "leader election attempt")
+    began = trio.current_time()
+    for _ in range(200):
+        outage.failed("OSError: Multiple exceptions: [Errno 111] Connect call failed ('::1', 5432, 0, 0)")
+        await trio.sleep(1)
+    outage.recovered()
+    loud = [(round(r.created_trio - began), r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [at for at, _ in loud] == [0, 10, 30, 70, 150], loud
+    assert loud[0][1].startswith("leader election attempt failed: OSError: Multiple exceptions")
+    assert loud[1][1].startswith("leader election attempt still failing after 10s (11 attempts): OSError")
+    [back] = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert back == "leader election attempt works again after 200.0s (200 failed attempts)"
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 195
+    outage.failed("again")  # the next outage warns at once
+    assert caplog.records[-1].levelno == logging.WARNING
+
+
+@pytest.fixture
+def trio_time_records():
+    """Each log record carries the Trio clock's time as ``created_trio``."""
+    factory = logging.getLogRecordFactory()
+
+    def stamped(*args, **kwargs):
+        record = factory(*args, **kwargs)
+        try:
+            record.created_trio = trio.current_time()
+        except RuntimeError:
+            record.created_trio = None
+        return record
+
+    logging.setLogRecordFactory(stamped)
+    yield
+    logging.setLogRecordFactory(factory)
+
+
+async def test_while_the_server_is_unreachable_status_gives_the_reason_readyz_gives(database_url, caplog):
+    """The election's outage is one warning however long it lasts, and a
+    follower's /status says why it does not lead, in /readyz's words."""
+    import json
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlsplit, urlunsplit
+
+    from support.proxy import postgres_proxy
+
+    from awa_trio import MaintenanceConfig, MaintenanceService
+    from awa_trio.logs import ConnectionEpisodeFilter
+
+    caplog.set_level(logging.DEBUG)
+    caplog.handler.addFilter(ConnectionEpisodeFilter())
+    server = urlsplit(database_url)
+
+    def get(url: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    async with trio.open_nursery() as nursery:
+        async with postgres_proxy(server.hostname or "localhost", server.port or 5432) as proxy:
+            user = f"{server.username}@" if server.username else ""
+            proxied = urlunsplit(server._replace(netloc=f"{user}127.0.0.1:{proxy.port}"))
+            service = MaintenanceService(
+                proxied, MaintenanceConfig(leader_election_interval=0.1, leader_check_interval=0.5),
+                http_address="127.0.0.1:0")
+            await nursery.start(service.run)
+            await service.wait_until_leader()
+            [url] = service.http_urls
+            began = len(caplog.records)
+            proxy.freeze()
+            proxy.cut()
+        # The proxy is gone: every connection is refused from now on.
+        with trio.fail_after(5):
+            await service.wait_until_follower()
+        await trio.sleep(3)
+        ready_code, ready = await trio.to_thread.run_sync(get, url + "/readyz")
+        status_code, status = await trio.to_thread.run_sync(get, url + "/status")
+        nursery.cancel_scope.cancel()
+    assert ready_code == 503 and status_code == 200
+    assert status["role"] == "follower"
+    assert status["not_leading_reason"] == ready["reason"] and "Connect call failed" in ready["reason"]
+    election = [r for r in caplog.records[began:] if r.name == "awa_trio.leadership"
+                and r.getMessage().startswith("leader election attempt")]
+    assert len(election) >= 3, [r.getMessage() for r in election]
+    assert sum(r.levelno >= logging.WARNING for r in election) == 1, [
+        (r.levelname, r.getMessage()) for r in election]
