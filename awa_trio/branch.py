@@ -47,6 +47,7 @@ from .logs import CURRENT_BRANCH, connection_recovered
 if TYPE_CHECKING:
     from .context import MaintenanceContext
     from .tracker_actor import TrackerClient
+    from .work_summary import WorkSummary
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +107,11 @@ class BranchSlot:
     the lock; a changed interval wakes it to re-plan that tick at once.
     """
 
-    def __init__(self, spec: BranchSpec, ctx: MaintenanceContext):
+    def __init__(self, spec: BranchSpec, ctx: MaintenanceContext, work: WorkSummary | None = None):
         self.spec = spec
         self.ctx = ctx
+        #: Where the term adds up what the bodies did (its minute's log line).
+        self.work = work
         #: A paused branch keeps its timer but runs no body (resume: next tick).
         self.paused = False
         #: Cancelled when a reload disables the branch.
@@ -153,6 +156,8 @@ async def run_branch(
                 started = trio.current_time()
                 outcome = await run_body(spec, slot.ctx)
                 await tracker.finish_tick(spec.name, trio.current_time() - started, error=outcome.error)
+                if slot.work is not None:
+                    slot.work.record(outcome.result)
         anchor, planned = tick, slot.spec.interval
         tick = next_tick_after(tick, planned, trio.current_time())
 

@@ -41,6 +41,7 @@ from .schema import (
     unsupported_version_message,
 )
 from .tracker_actor import TrackerClient, run_tracker
+from .work_summary import WorkSummary
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +105,11 @@ async def run_leader_term(
                     term.schema, term.branches, term.tracker = schema, tuple(branches), tracker
                 nursery.start_soon(watch_schema, term_ctx, term)
                 branch_ctx = dataclasses.replace(term_ctx, tracker=tracker)
+                work = WorkSummary()
+                nursery.start_soon(work.log_every)
                 slots: dict[str, BranchSlot] = {}
                 for spec in branches:
-                    slot = slots[spec.name] = BranchSlot(spec, branch_ctx)
+                    slot = slots[spec.name] = BranchSlot(spec, branch_ctx, work)
                     slot.paused = live is not None and spec.name in live.paused
                     await nursery.start(run_slot, slot, tracker)
                 log.info(
@@ -116,7 +119,9 @@ async def run_leader_term(
                     ", ".join(spec.name for spec in branches),
                 )
                 if live is not None:
-                    nursery.start_soon(follow_live_settings, live, slots, branch_ctx, select_branches, term)
+                    nursery.start_soon(
+                        follow_live_settings, live, slots, branch_ctx, select_branches, term, work
+                    )
                 # Beside the branches, not before them (a takeover promotes
                 # at once): one line naming any privilege the role lacks.
                 nursery.start_soon(warn_about_missing_privileges, term_ctx.db, schema)
@@ -141,6 +146,7 @@ async def follow_live_settings(
     branch_ctx: MaintenanceContext,
     select_branches: BranchSelector,
     term: LeaderTerm,
+    work: WorkSummary | None = None,
 ) -> None:
     """Apply every reload and pause to this term's branch actors in place:
     a disabled branch is cancelled, an enabled one started, the others get
@@ -164,7 +170,7 @@ async def follow_live_settings(
                 if name in slots:
                     slots[name].update(spec, ctx)
                     continue
-                slot = slots[name] = BranchSlot(spec, ctx)
+                slot = slots[name] = BranchSlot(spec, ctx, work)
                 slot.paused = name in live.paused
                 await nursery.start(run_slot, slot, term.tracker)
                 log.info("%s: started (enabled by config generation %d)", name, generation)
