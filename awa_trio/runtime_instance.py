@@ -209,7 +209,10 @@ class RuntimeRegistration:
         task_status.started()
         try:
             while True:
+                leading = self.state.is_leader
                 await self._refresh_logged()
+                if self.state.is_leader != leading:
+                    continue  # changed while writing: write the change now
                 with trio.move_on_after(self.interval()):
                     await self.state.wait_for_change()
         finally:

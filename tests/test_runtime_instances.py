@@ -3,7 +3,6 @@ following, how a handover and a clean stop show, and that a database error
 while refreshing never stops the service."""
 
 import datetime as dt
-import logging
 import os
 import re
 import socket
