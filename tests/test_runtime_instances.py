@@ -12,7 +12,10 @@ from conftest import in_thread
 from support.probes import wait_for_any_leader
 
 from awa_trio import MaintenanceConfig, MaintenanceService
+from awa_trio.db import open_database
+from awa_trio.doctor import collect_findings
 from awa_trio.runtime_instance import AWA_CONTRACT_VERSION, is_awa_trio_version, runtime_version
+from awa_trio.status import collect_status, format_status
 
 SNAPSHOT = 0.3
 FAST = MaintenanceConfig(
@@ -135,3 +138,49 @@ def test_the_version_is_semver_above_every_floor_that_reads_it():
     assert tuple(int(part) for part in match.groups()[:3]) >= (0, 6, 2)
     assert match.group(5).startswith("awa-trio.")
     assert not is_awa_trio_version("0.6.1") and not is_awa_trio_version(None)
+
+
+#: An awa-pg runtime's row as its publisher writes it (following, seen now).
+AWA_PG_ROW_SQL = """
+    INSERT INTO awa.runtime_instances (instance_id, hostname, pid, version, started_at, last_seen_at,
+        snapshot_interval_ms, healthy, postgres_connected, poll_loop_alive, heartbeat_alive,
+        shutting_down, leader, maintenance_alive, storage_capability, transition_role)
+    VALUES (gen_random_uuid(), 'worker-host', 4242, '0.6.9', now(), now(), 10000, true, true, true, true,
+        false, false, true, 'canonical', 'canonical_drain')
+"""
+
+
+async def test_status_and_doctor_list_the_registered_instances_and_which_leads(database_url, db, awa_client):
+    await not_fresh(db, awa_client)
+    await db.execute(AWA_PG_ROW_SQL)
+    services = [MaintenanceService(database_url, FAST) for _ in range(2)]
+    async with trio.open_nursery() as nursery:
+        for service in services:
+            await nursery.start(service.run)
+        leader = await wait_for_any_leader(*services)
+        await wait_for_rows(db, lambda found: len(found) == 3 and sum(r["leader"] for r in found) == 1)
+        async with open_database(database_url, pool_size=1) as own:
+            report = await collect_status(own)
+            findings = {f.check: f for f in await collect_findings(own)}
+        nursery.cancel_scope.cancel()
+
+    host = socket.gethostname()
+    instances = report["instances"]
+    assert [(i["awa_trio"], i["hostname"], i["leader"]) for i in instances] == [
+        (True, host, True), (True, host, False), (False, "worker-host", False)]
+    assert instances[0]["instance_id"] == leader.registration.instance_id
+    assert instances[0]["maintenance_alive"] and not instances[1]["maintenance_alive"]
+    assert [r["pid"] for r in report["awa_runtimes"]] == [4242]  # the awa-pg / Rust runtimes alone
+    text = format_status(report)
+    assert f"  awa_trio {host}:{os.getpid()} {runtime_version()}: LEADS maintenance (maintenance alive" in text
+    assert f"  awa_trio {host}:{os.getpid()} {runtime_version()}: follows (maintenance off" in text
+    assert "  awa runtime worker-host:4242 0.6.9: follows (maintenance alive, canonical, role canonical_drain)" in text
+
+    finding = findings["instances"]
+    assert finding.severity == "ok"
+    assert finding.summary == (
+        f"3 live (1 leading): awa_trio {host}:{os.getpid()} leads; awa_trio {host}:{os.getpid()} follows; "
+        "awa runtime worker-host:4242 follows")
+    assert [(i["kind"], i["leader"]) for i in finding.details["instances"]] == [
+        ("awa_trio", True), ("awa_trio", False), ("awa runtime", False)]
+    assert finding.details["instances"][0]["instance_id"] == str(leader.registration.instance_id)
