@@ -44,7 +44,7 @@ from typing import Any
 import trio
 
 from . import __version__
-from .db import Connection, Database, DatabaseError, describe_error
+from .db import Connection, Database, DatabaseError, QueryError, describe_error
 from .leadership import LeadershipState
 from .sql import Statement
 
@@ -61,6 +61,8 @@ BUILD_TAG = "awa-trio"
 #: The capability and transition role awa_trio's row reports (see the module docstring).
 STORAGE_CAPABILITY = "queue_storage"
 TRANSITION_ROLE = "auto"
+#: A missing table, function or schema: no awa schema to register in.
+MISSING_OBJECT_SQLSTATES = ("42P01", "42883", "3F000")
 #: Longest the clean-stop writes may take.
 STOP_TIMEOUT = 2.0
 
@@ -174,6 +176,8 @@ class RuntimeRegistration:
         self.started_at = dt.datetime.now(dt.UTC)
         #: Whether the last refresh left a row (None before the first one).
         self.registered: bool | None = None
+        #: The error of the last refresh, while refreshes keep failing.
+        self._last_error: str | None = None
 
     def snapshot(self, *, shutting_down: bool = False) -> dict[str, Any]:
         leading = self.state.is_leader and not shutting_down
@@ -222,18 +226,40 @@ class RuntimeRegistration:
     async def _refresh_logged(self) -> None:
         try:
             registered = await self.refresh()
+        except QueryError as exc:
+            if exc.sqlstate in MISSING_OBJECT_SQLSTATES:
+                # No awa schema (dropped, not migrated yet): nothing to be
+                # counted in; the elector says what is wrong with the schema.
+                self._note_registered(False)
+                return
+            self._note_failure(exc)
+            return
         except DatabaseError as exc:
-            log.warning(
-                "runtime instance %s: refresh failed, next try in %s s: %s",
-                self.instance_id,
-                f"{self.interval():g}",
-                describe_error(exc),
-            )
+            self._note_failure(exc)
             return
         finally:
             if not self.state.is_leader:
                 # A follower keeps no connection but its election one.
                 self.db.drop_idle_connections()
+        self._note_registered(registered)
+
+    def _note_failure(self, exc: DatabaseError) -> None:
+        """The first of a run of identical failures is a warning, repeats debug lines."""
+        error = describe_error(exc)
+        level = logging.DEBUG if error == self._last_error else logging.WARNING
+        self._last_error = error
+        log.log(
+            level,
+            "runtime instance %s: refresh failed, next try in %s s: %s",
+            self.instance_id,
+            f"{self.interval():g}",
+            error,
+        )
+
+    def _note_registered(self, registered: bool) -> None:
+        if self._last_error is not None:
+            log.info("runtime instance %s: refreshed again", self.instance_id)
+            self._last_error = None
         if registered != self.registered:
             if registered:
                 log.info(
@@ -250,14 +276,15 @@ class RuntimeRegistration:
         self.registered = registered
 
     async def _withdraw(self) -> None:
-        if not self.registered:
-            return
+        """Mark the row shutting down, then delete it (tried even if the last
+        refresh was cut short: its commit may have landed)."""
         try:
             await self.db.execute(*MARK_SHUTTING_DOWN_SQL.bind(instance_id=self.instance_id))
             await self.db.execute(*DELETE_SQL.bind(instance_id=self.instance_id))
             self.registered = False
         except DatabaseError as exc:
-            log.warning(
+            log.log(
+                logging.WARNING if self.registered else logging.DEBUG,
                 "runtime instance %s: could not remove its row (it expires unrefreshed): %s",
                 self.instance_id,
                 describe_error(exc),

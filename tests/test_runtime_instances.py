@@ -110,23 +110,54 @@ async def test_the_leader_and_a_follower_each_register_truthfully(database_url, 
 
 async def test_a_database_error_while_refreshing_is_logged_and_retried(database_url, db, awa_client, caplog):
     await not_fresh(db, awa_client)
+    service = MaintenanceService(database_url, FAST.replace(lock_timeout=0.2))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await service.wait_until_leader()
+        await wait_for_rows(db, lambda found: len(found) == 1)
+        blocker = await db.connect_dedicated(application_name="table holder")
+        try:
+            await blocker.execute("BEGIN")
+            await blocker.execute("LOCK TABLE awa.runtime_instances IN ACCESS EXCLUSIVE MODE")
+            with trio.fail_after(5):
+                while "refresh failed, next try in 0.3 s" not in caplog.text:
+                    await trio.sleep(0.05)
+            await trio.sleep(3 * SNAPSHOT)
+            warnings = [r for r in caplog.records if "refresh failed" in r.getMessage()]
+            assert len(warnings) >= 2, "it kept trying"
+            assert [r.levelname for r in warnings].count("WARNING") == 1, "repeats are debug lines"
+            assert service.is_leader and service.is_alive
+            await blocker.execute("ROLLBACK")
+        finally:
+            await blocker.close()
+        with trio.fail_after(5):
+            while "refreshed again" not in caplog.text:
+                await trio.sleep(0.05)
+        await db.execute("DELETE FROM awa.runtime_instances")
+        found = await wait_for_rows(db, lambda found: len(found) == 1)
+        assert found[0]["leader"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_awa_schema_is_no_row_and_no_warning(database_url, db, awa_client, caplog):
+    await not_fresh(db, awa_client)
     service = MaintenanceService(database_url, FAST)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         await service.wait_until_leader()
         await wait_for_rows(db, lambda found: len(found) == 1)
-        await db.execute("ALTER TABLE awa.runtime_instances RENAME TO runtime_instances_moved")
+        await db.execute("ALTER SCHEMA awa RENAME TO awa_away")
         try:
             with trio.fail_after(5):
-                while "refresh failed, next try in 0.3 s" not in caplog.text:
+                while service.registration.registered is not False:
                     await trio.sleep(0.05)
-            assert service.is_leader and service.is_alive
         finally:
-            await db.execute("ALTER TABLE awa.runtime_instances_moved RENAME TO runtime_instances")
-        await db.execute("DELETE FROM awa.runtime_instances")
-        found = await wait_for_rows(db, lambda found: len(found) == 1)
-        assert found[0]["leader"]
+            await db.execute("ALTER SCHEMA awa_away RENAME TO awa")
+        with trio.fail_after(10):
+            while not service.registration.registered:
+                await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
+    assert "refresh failed" not in caplog.text
 
 
 def test_the_version_is_semver_above_every_floor_that_reads_it():
