@@ -26,8 +26,8 @@ gate (:data:`MAY_REGISTER_SQL`): not during the mixed transition (every
 capability is counted there by finalize or by abort), not on a database that
 ``storage_auto_finalize_if_fresh`` could still finalise (canonical, nothing
 prepared, no canonical job), not on a schema awa_trio does not maintain.
-Each refresh decides that after its write, in the same transaction, so a
-migration holding the table waits for the write and is then seen.
+Each refresh reads the gate again after its write, so a migration holding
+the table, which the write waited for, is seen at once.
 """
 
 from __future__ import annotations
@@ -198,8 +198,12 @@ class RuntimeRegistration:
 
     async def refresh(self) -> bool:
         """Write the row, or delete it where it would change a gate; True if
-        a row is left. The gate is read after the write, in its transaction."""
-        async with self.db.transaction() as conn:
+        a row is left. The gate is read again after the write: a migration
+        holding the table made the write wait, and is seen then. Each
+        statement commits on its own, so no lock is held from one to the
+        next (a transaction holding the gate's tables while it waits for this
+        one deadlocks with DDL that takes them all, such as DROP SCHEMA)."""
+        async with self.db.acquire() as conn:
             if await may_register(conn, self.supported_versions):
                 await conn.execute(*UPSERT_SQL.bind(**self.snapshot()))
                 if await may_register(conn, self.supported_versions):
