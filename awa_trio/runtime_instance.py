@@ -22,7 +22,7 @@ not semver, and to flip ring authority while a live row has no
 flip) with the ``auto`` role (it follows ``awa.storage_status()``), which no
 gate counts in the canonical, prepared and active states; its ``version``
 is semver above every floor; and the row exists only while it changes no
-gate (:data:`MAY_REGISTER_SQL`): not during the mixed transition (every
+gate (:func:`may_register`): not during the mixed transition (every
 capability is counted there by finalize or by abort), not on a database that
 ``storage_auto_finalize_if_fresh`` could still finalise (canonical, nothing
 prepared, no canonical job), not on a schema awa_trio does not maintain.
@@ -179,8 +179,9 @@ class RuntimeRegistration:
         #: The error of the last refresh, while refreshes keep failing.
         self._last_error: str | None = None
 
-    def snapshot(self, *, shutting_down: bool = False) -> dict[str, Any]:
-        leading = self.state.is_leader and not shutting_down
+    def snapshot(self) -> dict[str, Any]:
+        """The row's values now (a clean stop marks it with MARK_SHUTTING_DOWN_SQL)."""
+        leading = self.state.is_leader
         return {
             "instance_id": self.instance_id,
             "hostname": self.hostname,
@@ -190,9 +191,9 @@ class RuntimeRegistration:
             "transition_role": TRANSITION_ROLE,
             "started_at": self.started_at,
             "snapshot_interval_ms": round(self.interval() * 1000),
-            "healthy": self.healthy() and not shutting_down,
+            "healthy": self.healthy(),
             "maintenance_alive": leading,
-            "shutting_down": shutting_down,
+            "shutting_down": False,
             "leader": leading,
         }
 

@@ -108,6 +108,44 @@ async def test_the_leader_and_a_follower_each_register_truthfully(database_url, 
     assert await rows(db) == []
 
 
+#: Every change to awa.runtime_instances, in order (installed by the test).
+HISTORY_SQL = """
+    CREATE TABLE public.instance_history (
+        seq bigserial, op text, instance_id uuid, shutting_down boolean, leader boolean);
+    CREATE FUNCTION public.record_instance() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'DELETE' THEN
+            INSERT INTO public.instance_history (op, instance_id, shutting_down, leader)
+            VALUES (TG_OP, OLD.instance_id, OLD.shutting_down, OLD.leader);
+        ELSE
+            INSERT INTO public.instance_history (op, instance_id, shutting_down, leader)
+            VALUES (TG_OP, NEW.instance_id, NEW.shutting_down, NEW.leader);
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER record_instance AFTER INSERT OR UPDATE OR DELETE ON awa.runtime_instances
+        FOR EACH ROW EXECUTE FUNCTION public.record_instance();
+"""
+
+
+async def test_a_clean_stop_marks_the_row_shutting_down_then_deletes_it(database_url, db, awa_client):
+    await not_fresh(db, awa_client)
+    await db.execute(HISTORY_SQL)
+    service = MaintenanceService(database_url, FAST)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await service.wait_until_leader()
+        await wait_for_rows(db, lambda found: len(found) == 1 and found[0]["leader"])
+        service.stop()
+    history = [tuple(row) for row in await db.fetch(
+        "SELECT op, instance_id, shutting_down, leader FROM public.instance_history ORDER BY seq")]
+    instance = service.registration.instance_id
+    assert history[0][:3] == ("INSERT", instance, False)
+    assert any(leader for _, _, _, leader in history), "written as the leader while leading"
+    assert history[-2:] == [("UPDATE", instance, True, False), ("DELETE", instance, True, False)]
+    assert await rows(db) == []
+
+
 async def test_a_database_error_while_refreshing_is_logged_and_retried(database_url, db, awa_client, caplog):
     await not_fresh(db, awa_client)
     service = MaintenanceService(database_url, FAST.replace(lock_timeout=0.2))
