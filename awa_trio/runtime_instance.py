@@ -37,13 +37,13 @@ import logging
 import os
 import re
 import socket
+import sys
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from . import __version__
 from .db import Connection, Database, DatabaseError, QueryError, describe_error
 from .leadership import LeadershipState
 from .sql import Statement
@@ -70,7 +70,10 @@ STOP_TIMEOUT = 2.0
 def runtime_version() -> str:
     """``0.6.9+awa-trio.<awa_trio version>``: semver whose precedence is
     the Awa contract kept (build metadata never counts in a comparison)."""
-    build = re.sub(r"[^0-9A-Za-z-]+", ".", __version__).strip(".")
+    # The package's __version__, read from the package already imported
+    # (importing it here would make awa_trio -> service -> here -> awa_trio a cycle).
+    own_version = str(sys.modules[__package__ or "awa_trio"].__version__)
+    build = re.sub(r"[^0-9A-Za-z-]+", ".", own_version).strip(".")
     return f"{AWA_CONTRACT_VERSION}+{BUILD_TAG}.{build}"
 
 
