@@ -44,6 +44,8 @@ DEFAULT_BATCH_OPERATIONS_INTERVAL = 1 * SECOND
 DEFAULT_TERMINAL_COUNT_ROLLUP_INTERVAL = 30 * SECOND
 DEFAULT_DESCRIPTOR_RETENTION = 30 * DAY
 DEFAULT_RUNTIME_SNAPSHOT_RETENTION = 24 * HOUR
+#: awa-worker v0.6.1 ClientBuilder: how often a runtime refreshes its awa.runtime_instances row.
+DEFAULT_RUNTIME_SNAPSHOT_INTERVAL = 10 * SECOND
 DEFAULT_CRON_SYNC_INTERVAL = 60 * SECOND
 DEFAULT_CRON_EVAL_INTERVAL = 1 * SECOND
 DEFAULT_QUEUE_ROTATE_INTERVAL = 1 * SECOND
@@ -300,6 +302,12 @@ class MaintenanceConfig:
         DEFAULT_RUNTIME_SNAPSHOT_RETENTION,
         RETENTION,
         "Runtime snapshots unseen for this long are deleted (fixed 24h upstream).",
+    )
+    runtime_snapshot_interval: float = setting(
+        DEFAULT_RUNTIME_SNAPSHOT_INTERVAL,
+        INTERVAL,
+        "How often this node refreshes its own row in awa.runtime_instances (Awa's admin views "
+        "read it); a leadership change is written at once.",
     )
 
     # Metrics and admin caches.

@@ -175,7 +175,9 @@ async def check_leader(db: Database) -> Finding:
         runtimes = [dict(row) for row in await db.fetch(RUNTIMES_SQL)]
     except DatabaseError:
         runtimes = []
-    leaders = [r for r in runtimes if r["leader"] and r["maintenance_alive"]]
+    # An awa_trio node leads only while it holds the lock (the case above):
+    # a row of one that says so without it is a killed node's, not yet expired.
+    leaders = [r for r in runtimes if r["leader"] and r["maintenance_alive"] and not r["awa_trio"]]
     if leaders:
         runtime = leaders[0]
         return Finding(
@@ -264,6 +266,39 @@ async def check_periodic_declarations(
         "periodic_from in the config file), and run doctor with the same flags and config as run",
         details,
     )
+
+
+async def check_instances(db: Database) -> Finding:
+    """The registered instances (awa.runtime_instances, what Awa's admin
+    views show), the one that says it leads first."""
+    instances = [_instance(dict(row)) for row in await db.fetch(RUNTIMES_SQL)]
+    if not instances:
+        return Finding("instances", OK, "none live in awa.runtime_instances", details={"instances": []})
+    leading = [i for i in instances if i["leader"]]
+    names = "; ".join(
+        f"{i['kind']} {i['hostname'] or '?'}:{i['pid']} {'leads' if i['leader'] else 'follows'}"
+        for i in instances
+    )
+    return Finding(
+        "instances",
+        OK,
+        f"{len(instances)} live ({len(leading)} leading): {names}",
+        details={"instances": instances},
+    )
+
+
+def _instance(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "instance_id": str(row["instance_id"]),
+        "kind": "awa_trio" if row["awa_trio"] else "awa runtime",
+        "hostname": row["hostname"],
+        "pid": row["pid"],
+        "version": row["version"],
+        "leader": row["leader"],
+        "maintenance_alive": row["maintenance_alive"],
+        "storage_capability": row["storage_capability"],
+        "shutting_down": row["shutting_down"],
+    }
 
 
 async def check_horizon(
@@ -483,6 +518,7 @@ async def collect_findings(
     findings.append(await _guarded("server", check_server(db)))
     findings.append(await _guarded("leader", check_leader(db)))
     findings.append(await _guarded("mvcc_horizon", check_horizon(db, horizon_warning, horizon_critical)))
+    findings.append(await _guarded("instances", check_instances(db)))
     if info is not None:
         try:
             findings.extend(await check_backlogs(db, info, config, due_grace))

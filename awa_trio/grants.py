@@ -94,7 +94,9 @@ AWA_TABLES = (
         "runtime_storage_backends", (SELECT,), "awa.active_queue_storage_schema() in awa.insert_job_compat"
     ),
     TableNeed(
-        "runtime_instances", (SELECT, DELETE), "cleanup of stale runtime snapshots; status; queue_stats"
+        "runtime_instances",
+        (SELECT, INSERT, UPDATE, DELETE),
+        "this node's own row (Awa's admin views); cleanup of stale runtime snapshots; status; queue_stats",
     ),
     TableNeed("queue_descriptors", (SELECT, DELETE), "cleanup of stale descriptors; queue_stats"),
     TableNeed("job_kind_descriptors", (SELECT, DELETE), "cleanup of stale descriptors"),

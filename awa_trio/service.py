@@ -48,6 +48,7 @@ from .live import LiveSettings, ReloadRequest, ReloadResult
 from .logs import CURRENT_TERM
 from .metrics import MaintenanceMetrics
 from .registry import default_branches, every_branch_name
+from .runtime_instance import RuntimeRegistration
 from .schema import (
     CANONICAL,
     SUPPORTED_SCHEMA_VERSIONS,
@@ -127,6 +128,8 @@ class MaintenanceService:
         self.admin_address = admin_address
         self.admin_urls: list[str] = []
         self._db: Database | None = None
+        #: This node's row in awa.runtime_instances (set once running).
+        self.registration: RuntimeRegistration | None = None
         self._term = 0
         self._term_started_at: float | None = None
         self.metrics.observe_leadership(lambda: (self.is_leader, self._term_started_at))
@@ -428,6 +431,16 @@ class MaintenanceService:
             "state; the leader lock and the batch runner's lock use lock_database_url"
         )
 
+    def _registration(self, db: Database) -> RuntimeRegistration:
+        """This node's row in awa.runtime_instances (awa_trio.runtime_instance)."""
+        return RuntimeRegistration(
+            db,
+            self._state,
+            lambda: self.live.config.runtime_snapshot_interval,
+            SUPPORTED_SCHEMA_VERSIONS,
+            healthy=lambda: self.not_leading_reason is None,
+        )
+
     async def run(
         self, *, task_status: trio.TaskStatus[MaintenanceService] = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -509,6 +522,9 @@ class MaintenanceService:
 
                             self.admin_urls = await nursery.start(serve_admin, self, self.admin_address)
                         await nursery.start(elector.run)
+                        # Followers register too: Awa's admin views list every node.
+                        self.registration = self._registration(db)
+                        await nursery.start(self.registration.run)
                         self._state.is_alive = True
                         task_status.started(self)
                 finally:

@@ -45,13 +45,18 @@ LOCK_SESSIONS_SQL = """
     ORDER BY holds_lock DESC, a.backend_start
 """
 
-#: awa-pg / Rust runtimes report themselves here every few seconds.
+#: The live registered instances: awa-pg / Rust runtimes and awa_trio nodes
+#: (``awa_trio``: its version carries the ``+awa-trio.`` build tag), each
+#: refreshed every snapshot interval; live for three intervals, at least 30 s
+#: (what Awa's admin views call not stale).
 RUNTIMES_SQL = """
-    SELECT hostname, pid, version, leader, maintenance_alive, storage_capability,
-           transition_role, last_seen_at
+    SELECT instance_id, hostname, pid, version, leader, maintenance_alive, storage_capability,
+           transition_role, shutting_down, last_seen_at,
+           version LIKE '%+awa-trio.%' AS awa_trio
     FROM awa.runtime_instances
-    WHERE last_seen_at > now() - make_interval(secs => greatest(snapshot_interval_ms, 1000) * 3 / 1000.0)
-    ORDER BY leader DESC, hostname, pid
+    WHERE last_seen_at + make_interval(secs => greatest(greatest(snapshot_interval_ms, 1000) * 3, 30000) / 1000.0)
+          >= now()
+    ORDER BY leader DESC, awa_trio DESC, hostname, pid
 """
 
 CANONICAL_DUE_SQL = """
@@ -117,7 +122,10 @@ async def collect_status(db: Database, config: MaintenanceConfig | None = None) 
     return {
         "lock_holder": holder and _session(holder),
         "candidates": [_session(s) for s in sessions if not s["holds_lock"]],
-        "awa_runtimes": [_runtime(r) for r in runtimes],
+        # Every registered instance, awa_trio's own included; awa_runtimes
+        # keeps its meaning: the awa-pg / Rust runtimes among them.
+        "instances": [_runtime(r) for r in runtimes],
+        "awa_runtimes": [_runtime(r) for r in runtimes if not r["awa_trio"]],
         "schema_version": schema.version,
         "engine": schema.engine,
         "transition_state": schema.state,
@@ -140,6 +148,8 @@ def _runtime(row: dict[str, Any]) -> dict[str, Any]:
     return {
         key: row[key]
         for key in (
+            "instance_id",
+            "awa_trio",
             "hostname",
             "pid",
             "version",
@@ -147,6 +157,7 @@ def _runtime(row: dict[str, Any]) -> dict[str, Any]:
             "maintenance_alive",
             "storage_capability",
             "transition_role",
+            "shutting_down",
             "last_seen_at",
         )
     }
@@ -178,12 +189,7 @@ def format_status(report: dict[str, Any]) -> str:
         lines.append("maintenance leader: none (no session holds the lock)")
     for candidate in report["candidates"]:
         lines.append(f"  candidate: pid {candidate['pid']} {candidate['application_name']}")
-    for runtime in report["awa_runtimes"]:
-        role = "leader" if runtime["leader"] else "follower"
-        lines.append(
-            f"  awa runtime: {runtime['hostname']}:{runtime['pid']} {runtime['version']} "
-            f"({role}, {runtime['storage_capability']}, role {runtime['transition_role']})"
-        )
+    lines.extend(format_instances(report["instances"]))
     lines.append(
         f"schema version {report['schema_version']}, engine {report['engine']}, "
         f"transition state {report['transition_state']}"
@@ -214,6 +220,24 @@ def format_status(report: dict[str, Any]) -> str:
                 f"{cron['name']:<24}{cron['cron_expr']:<20}{_when(cron['last_fire']):<28}{next_fire}"
             )
     return "\n".join(lines)
+
+
+def format_instances(instances: list[dict[str, Any]]) -> list[str]:
+    """One line per registered instance, the one that says it leads first."""
+    if not instances:
+        return ["registered instances: none live in awa.runtime_instances"]
+    lines = [f"registered instances ({len(instances)} live in awa.runtime_instances):"]
+    for instance in instances:
+        what = "awa_trio" if instance["awa_trio"] else "awa runtime"
+        role = "LEADS maintenance" if instance["leader"] else "follows"
+        if instance["shutting_down"]:
+            role += ", shutting down"
+        lines.append(
+            f"  {what} {instance['hostname'] or '?'}:{instance['pid']} {instance['version']}: {role} "
+            f"(maintenance {'alive' if instance['maintenance_alive'] else 'off'}, "
+            f"{instance['storage_capability']}, role {instance['transition_role']})"
+        )
+    return lines
 
 
 def _when(value: dt.datetime | None) -> str:

@@ -88,6 +88,12 @@ STALE_RUNTIME_SQL = """
     VALUES (gen_random_uuid(), 1, '0.6.1', now() - interval '1 day', now() - interval '1 day',
             10000, true, true, true, true, false, false)
 """
+#: The stale snapshot cleaned up, and the leader's own row written as the role.
+RUNTIME_ROWS_DONE_SQL = """
+    SELECT count(*) FILTER (WHERE version = '0.6.1') = 0
+           AND count(*) FILTER (WHERE version LIKE '%+awa-trio.%' AND leader) = 1
+    FROM awa.runtime_instances
+"""
 STALE_DESCRIPTOR_SQL = """
     INSERT INTO awa.queue_descriptors (queue, descriptor_hash, last_seen_at)
     VALUES ('forgotten', 'h', now() - interval '1 day')
@@ -336,7 +342,7 @@ async def canonical_work_done(db, work: dict) -> bool:
         and all(rows[job_id]["priority"] == 1 for job_id in work["bulk"])
         and await db.fetchval("SELECT count(*) FROM awa.jobs WHERE kind IN ('grants_tick', 'foreign_tick')") >= 2
         and await db.fetchval("SELECT count(*) FROM awa.batch_operations WHERE id = $1", work["expired_operation"]) == 0
-        and await db.fetchval("SELECT count(*) FROM awa.runtime_instances") == 0
+        and await db.fetchval(RUNTIME_ROWS_DONE_SQL)
         and await db.fetchval("SELECT count(*) FROM awa.queue_descriptors WHERE queue = 'forgotten'") == 0
         and await db.fetchval(f"SELECT count(*) FROM {(await dirty_admin_tables(db))[0]}") == 0
     )
@@ -520,7 +526,7 @@ async def queue_storage_work_done(qs_db, work: dict) -> bool:
         and await dlq_ids(qs_db, "dlq_q") == []
         and await qs_db.fetchval("SELECT state FROM awa.batch_operations WHERE id = $1", work["operation"]) == "completed"
         and sorted(row["priority"] for row in bulk) == [1, 1]
-        and await qs_db.fetchval("SELECT count(*) FROM awa.runtime_instances") == 0
+        and await qs_db.fetchval(RUNTIME_ROWS_DONE_SQL)
         # Slot 0 of the queue ring pruned: its finished row folded and truncated.
         and await qs_db.fetchval("SELECT pruned_completed_count FROM awa.queue_terminal_rollups WHERE queue = 'done_q'")
         == 1
