@@ -12,6 +12,7 @@ worker, and attempt 2 starts only after attempt 1's handler has returned.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -28,6 +29,7 @@ from test_rescue_fallback import MASK_WITHOUT_RUNNING, superseded_pair
 from awa_trio.config import MaintenanceConfig
 from awa_trio.engines.canonical import canonical_drain, rescue_callbacks, rescue_heartbeats
 from awa_trio.engines.queue_storage import rescue_heartbeats as qs_rescue_heartbeats
+from awa_trio.schema import STATE_MIXED_TRANSITION
 from awa_trio.service import MaintenanceService
 
 #: Upstream's channel (awa-worker cancel_listener.rs), written out: the contract.
@@ -331,6 +333,9 @@ async def test_during_a_transition_no_notice_names_an_attempt_of_the_other_plane
     the other plane also has, and the others as usual."""
     ctx = await make_qs_context(qs_db, meter_provider=meter_provider,
                                 heartbeat_staleness=STALENESS)
+    # Both planes hold live attempts only in a mixed transition, the state
+    # the queue-storage rescue reads to decide whether to look at the other.
+    ctx = dataclasses.replace(ctx, schema=dataclasses.replace(ctx.schema, state=STATE_MIXED_TRANSITION))
     qs_ids = await insert_jobs(qs_db, 3, queue="mixed")
     await claim(qs_db, "mixed", 3, deadline=0)
     [(shared_id, shared_lease), (qs_alone, qs_lease), (claimed_too, claimed_lease)] = (

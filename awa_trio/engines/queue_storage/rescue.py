@@ -101,11 +101,13 @@ from ...maintenance.drain import BatchOutcome
 from ...maintenance.rescue import (
     CALLBACK_TIMEOUT_DLQ_REASON,
     CANCEL_NOTICES,
+    CANCEL_NOTICES_SQL,
     RescueResult,
     attempts_to_cancel,
     drain_rescues,
     send_cancel_notices,
 )
+from ...schema import STATE_MIXED_TRANSITION
 from ...sql import Fragment, Statement
 from .layout import TERMINAL_COUNTER_BUCKETS, mask_claims
 
@@ -694,7 +696,7 @@ async def rescue_batch(ctx: MaintenanceContext, rescue: QueueStorageRescue, limi
             async with conn.transaction():
                 taken = await rescue.take(conn, ctx, limit, None)
                 records = await settle(conn, ctx, rescue, taken) if taken else []
-                notices = await send_notices(conn, rescue, records)
+                notices = await send_notices(conn, ctx, rescue, records)
             return _BatchOutcome(len(taken), records, [], cancel_notices=notices)
         except ConnectionLost:
             raise
@@ -711,16 +713,22 @@ async def rescue_batch(ctx: MaintenanceContext, rescue: QueueStorageRescue, limi
         return _BatchOutcome(len(taken), records, skipped, row_by_row=True, cancel_notices=notices)
 
 
-async def send_notices(conn: Connection, rescue: QueueStorageRescue, records: Sequence[Any]) -> int:
-    """The ``awa:cancel`` notices of settled attempts (SETTLE_SQL records)."""
+async def send_notices(
+    conn: Connection, ctx: MaintenanceContext, rescue: QueueStorageRescue, records: Sequence[Any]
+) -> int:
+    """The ``awa:cancel`` notices of settled attempts (SETTLE_SQL records);
+    only during a mixed transition can a canonical attempt share an
+    ``(id, lease)`` with one of them (and only then may the role read the
+    canonical tables), so only then are those left out."""
     rescued: list[JobRow] = []
     cancelled: list[JobRow] = []
     for record in records:
         job = JobRow.from_record(record, engine=QUEUE_STORAGE)
         (cancelled if record["outcome"] == "cancelled" else rescued).append(job)
-    return await send_cancel_notices(
-        conn, QUEUE_STORAGE_NOTICES_SQL, attempts_to_cancel(rescue, rescued, cancelled)
+    statement = (
+        QUEUE_STORAGE_NOTICES_SQL if ctx.schema.state == STATE_MIXED_TRANSITION else CANCEL_NOTICES_SQL
     )
+    return await send_cancel_notices(conn, statement, attempts_to_cancel(rescue, rescued, cancelled))
 
 
 async def settle_row_by_row(
@@ -737,7 +745,7 @@ async def settle_row_by_row(
             async with conn.transaction():
                 one = await rescue.take(conn, ctx, 1, [job_id])
                 settled = await settle(conn, ctx, rescue, one) if one else []
-                notices += await send_notices(conn, rescue, settled)
+                notices += await send_notices(conn, ctx, rescue, settled)
             records += settled
             continue
         except ConnectionLost:
@@ -762,7 +770,7 @@ async def settle_row_by_row(
             async with conn.transaction():
                 one = await rescue.take(conn, ctx, 1, [job_id])
                 settled = await settle(conn, ctx, rescue, one, cancel=True) if one else []
-                notices += await send_notices(conn, rescue, settled)
+                notices += await send_notices(conn, ctx, rescue, settled)
             records += settled
         except ConnectionLost:
             raise
