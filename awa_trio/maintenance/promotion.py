@@ -1,5 +1,7 @@
 """The promotion skeleton both engines' ``promote_scheduled`` run: the due
-check that spares an idle database the batch statements, one pass per
+probe that spares an idle database the batch statements and tells the
+branch when the next job falls due (so it wakes then, not at its next
+poll), one pass per
 state with a failure in one never holding up the other, the one result
 type, and the row-by-row fallback a refused batch falls back to. Each
 engine supplies its statements: a state's batches, and how one row is
@@ -24,6 +26,12 @@ PROMOTABLE_STATES = ("scheduled", "retryable")
 #: import: a literal, not a parameter, so the planner can use the partial
 #: index per state (a generic plan cannot prove it applies to a parameter).
 STATE_LITERALS = {state: f"'{state}'" for state in PROMOTABLE_STATES}
+#: The probe's column of seconds until a state's next job falls due.
+NEXT_IN_COLUMNS = {state: f"{state}_next_in" for state in PROMOTABLE_STATES}
+#: Early wakes come at least this long after the previous pass started: a
+#: steady stream of due jobs (1,000 a second) is promoted in batches of a
+#: few milliseconds, never one statement per job.
+MIN_WAKE_GAP = 0.002
 
 
 @dataclasses.dataclass
@@ -43,6 +51,8 @@ class PromoteResult:
     skipped: list[int] = dataclasses.field(default_factory=list)
     #: Lanes (queue, priority, shard) created for due rows that had none (queue storage).
     lanes_created: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
+    #: Trio time at which the next job not yet due falls due (None: none known).
+    next_due_at: float | None = None
 
     @property
     def total(self) -> int:
@@ -58,11 +68,25 @@ PromoteOne = Callable[[int], Awaitable[Sequence[tuple[str, int]]]]
 OnClaimConflict = Callable[[int], Awaitable[None]]
 
 
+def next_due_at(result: PromoteResult) -> float | None:
+    """The branch's ``next_wake``: when the pass's probe saw the next job
+    fall due."""
+    return result.next_due_at
+
+
 async def promote_due(
     ctx: MaintenanceContext, name: str, due_check_sql: str, promote_state: PromoteState
 ) -> PromoteResult:
-    """One tick: the due check (one row of a boolean per state), then each
-    due state's batches; a state with nothing due records an empty batch."""
+    """One pass: the due probe (per state, whether rows are due and the
+    seconds until the first one that is not), then each due state's
+    batches; a state with nothing due records an empty batch.
+
+    The next due time is read by the same probe, before the batches: the
+    rows due at the probe are this pass's, and the first one after it is
+    the next wake. (A batch that also takes that row, because it came due
+    while the probe's reply travelled, costs one empty pass.) The delay is
+    counted from the probe's reply, so the wake is never before the row's
+    run_at by the database clock."""
     result = PromoteResult()
     started = trio.current_time()
     try:
@@ -70,6 +94,10 @@ async def promote_due(
     except DatabaseError as exc:
         log.error("%s: failed to promote due jobs (due check): %s", name, describe_error(exc))
         return result
+    replied = trio.current_time()
+    delays = [due[column] for column in NEXT_IN_COLUMNS.values() if due[column] is not None]
+    if delays:
+        result.next_due_at = replied + max(min(delays), 0.0)
     for state in PROMOTABLE_STATES:
         if not due[state]:
             record_empty_pass(ctx, state, result, trio.current_time() - started)
