@@ -28,6 +28,16 @@ PROMOTABLE_STATES = ("scheduled", "retryable")
 STATE_LITERALS = {state: f"'{state}'" for state in PROMOTABLE_STATES}
 #: The probe's column of seconds until a state's next job falls due.
 NEXT_IN_COLUMNS = {state: f"{state}_next_in" for state in PROMOTABLE_STATES}
+#: A promotion commits without waiting for its WAL flush (the WAL writer
+#: flushes it within a few hundred milliseconds). On time, a leader commits
+#: about once per distinct run_at instead of once per poll, and a flush per
+#: commit would cost the server more than the promotion itself (measured:
+#: ~0.35 ms of backend CPU and ~3 ms of wall time per commit). It is safe:
+#: WAL is replayed in order, so anything durable that depends on the
+#: promotion (a worker's claim, its completion) flushes the promotion with
+#: it, and a promotion lost in a crash leaves its jobs due, to be promoted
+#: again: never lost, never run twice.
+ASYNC_COMMIT = {"synchronous_commit": "off"}
 #: Early wakes come at least this long after the previous pass started: a
 #: steady stream of due jobs (1,000 a second) is promoted in batches of a
 #: few milliseconds, never one statement per job.

@@ -95,6 +95,12 @@ _PROMOTE_DUE_SQL_TEMPLATE = """
     {result}
 """
 _COLUMNS_SQL = ", ".join(JOB_COLUMNS)
+# The batch's commit does not wait for its WAL flush (promotion.ASYNC_COMMIT, set by
+# the statement itself: it is its own transaction, and the setting is read
+# at commit). The init plan runs once, when the first promoted row is read.
+_BATCH_RESULT = """SELECT due.queue, EXTRACT(EPOCH FROM now() - due.run_at)::float8 AS lateness
+    FROM due
+    WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL"""
 _BATCH_SELECTION = "ORDER BY run_at, id LIMIT :limit"
 _ONE_SELECTION = "AND id = :job_id"
 PROMOTE_DUE_SQL = {
@@ -104,7 +110,7 @@ PROMOTE_DUE_SQL = {
         selection=_BATCH_SELECTION,
         columns=_COLUMNS_SQL,
         returning="id",
-        result="SELECT due.queue, EXTRACT(EPOCH FROM now() - due.run_at)::float8 AS lateness FROM due",
+        result=_BATCH_RESULT,
     )
     for state in PROMOTABLE_STATES
 }

@@ -68,6 +68,7 @@ from ...db import (
     UniqueViolation,
 )
 from ...maintenance.promotion import (
+    ASYNC_COMMIT,
     NEXT_IN_COLUMNS,
     PROMOTABLE_STATES,
     STATE_LITERALS,
@@ -331,8 +332,9 @@ def _pick_sql(state: str, selection: str) -> Statement:
 
 
 #: Settings of the batch's transaction (see above; JIT is off on every
-#: connection of ours already).
-PLANNER_SETTINGS = {"enable_sort": "off"}
+#: connection of ours already), and its commit not waiting for the WAL
+#: flush (maintenance.promotion.ASYNC_COMMIT).
+PLANNER_SETTINGS = {"enable_sort": "off", **ASYNC_COMMIT}
 #: The SQLSTATE reserve_enqueue_seq raises for a lane with no enqueue head.
 MISSING_LANE_SQLSTATE = "55000"
 
