@@ -263,3 +263,59 @@ def test_the_promote_branch_wakes_early_on_both_engines():
     for branches in (canonical_branches(MaintenanceConfig()), queue_storage_branches(MaintenanceConfig())):
         (spec,) = [spec for spec in branches if spec.name == "promote_scheduled"]
         assert spec.next_wake is not None and spec.min_wake_gap == MIN_WAKE_GAP and spec.run_immediately
+
+
+# -- cron_eval wakes at the next fire ---------------------------------------------
+
+
+async def test_a_pass_reports_the_next_fire_of_the_schedules_it_read(db):
+    from awa_trio.cron import PeriodicJob
+    from awa_trio.cron.branches import evaluate_schedules
+    from awa_trio.cron.store import upsert_cron_job
+
+    now = (await db.fetchval("SELECT now()")).replace(microsecond=0)
+    hourly = PeriodicJob("hourly", "0 * * * *", kind="tick")
+    every_ten = PeriodicJob("every_ten_seconds", "*/10 * * * * *", kind="tick")
+    paused = PeriodicJob("paused", "* * * * * *", kind="tick")
+    for job in (hourly, every_ten, paused):
+        await upsert_cron_job(db, job)
+    await db.execute("UPDATE awa.cron_jobs SET last_enqueued_at = $1", now)
+    await db.execute("UPDATE awa.cron_jobs SET paused_at = now() WHERE name = 'paused'")
+
+    result = await evaluate_schedules(db, now=now)
+    assert result.enqueued == []
+    next_ten = now + dt.timedelta(seconds=10 - now.second % 10)
+    assert result.next_fire == next_ten
+
+    # Enqueued this pass: the next fire is the one after it.
+    result = await evaluate_schedules(db, now=next_ten)
+    assert [(name, fire) for name, _, fire in result.enqueued] == [("every_ten_seconds", next_ten)]
+    assert result.next_fire == next_ten + dt.timedelta(seconds=10)
+
+
+async def test_a_running_leader_fires_each_second_with_an_eval_tick_of_a_minute(database_url, db):
+    """cron_eval's tick is a minute: only waking at each fire enqueues a
+    per-second schedule's fires one after another, each once. (Registered
+    before the leader starts: its first pass must see the row.)"""
+    from awa_trio.cron import PeriodicJob
+    from awa_trio.cron.store import upsert_cron_job
+
+    job = PeriodicJob("every_second", "* * * * * *", kind="tick")
+    await upsert_cron_job(db, job)
+    service = MaintenanceService(
+        database_url,
+        MaintenanceConfig(cron_eval_interval=60.0, leader_election_interval=0.2),
+        periodic_jobs=[job],
+    )
+    count_sql = "SELECT count(*) FROM awa.jobs WHERE metadata->>'cron_name' = 'every_second'"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await service.wait_until_leader()
+        with trio.fail_after(20):
+            while await db.fetchval(count_sql) < 4:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    fires = [row[0] for row in await db.fetch(
+        "SELECT metadata->>'cron_fire_time' FROM awa.jobs WHERE metadata->>'cron_name' = 'every_second'"
+        " ORDER BY id")]
+    assert len(fires) == len(set(fires)) >= 4
