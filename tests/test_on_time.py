@@ -319,3 +319,17 @@ async def test_a_running_leader_fires_each_second_with_an_eval_tick_of_a_minute(
         "SELECT metadata->>'cron_fire_time' FROM awa.jobs WHERE metadata->>'cron_name' = 'every_second'"
         " ORDER BY id")]
     assert len(fires) == len(set(fires)) >= 4
+
+
+def test_a_mixed_transition_wakes_at_the_earlier_plane():
+    """During a staged transition promotion serves both planes in one body,
+    whose result holds one PromoteResult per plane (None: that plane failed)."""
+    from awa_trio.maintenance.promotion import PromoteResult
+    from awa_trio.registry import PlaneResults, default_branches
+    from awa_trio.schema import QUEUE_STORAGE, SchemaInfo
+
+    mixed = SchemaInfo(version=39, engine=QUEUE_STORAGE, state="mixed_transition")
+    (spec,) = [s for s in default_branches(MaintenanceConfig(), mixed) if s.name == "promote_scheduled"]
+    assert spec.next_wake(PlaneResults(PromoteResult(next_due_at=7.0), PromoteResult(next_due_at=5.0))) == 5.0
+    assert spec.next_wake(PlaneResults(None, PromoteResult(next_due_at=5.0))) == 5.0
+    assert spec.next_wake(PlaneResults(PromoteResult(), None)) is None

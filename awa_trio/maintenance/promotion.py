@@ -78,10 +78,16 @@ PromoteOne = Callable[[int], Awaitable[Sequence[tuple[str, int]]]]
 OnClaimConflict = Callable[[int], Awaitable[None]]
 
 
-def next_due_at(result: PromoteResult) -> float | None:
+def next_due_at(result: object) -> float | None:
     """The branch's ``next_wake``: when the pass's probe saw the next job
-    fall due."""
-    return result.next_due_at
+    fall due. During a staged transition the body serves both planes and
+    returns one result per plane (None for a plane that failed): the
+    earlier of the two."""
+    if isinstance(result, PromoteResult):
+        return result.next_due_at
+    planes = (getattr(result, "queue_storage", None), getattr(result, "canonical", None))
+    times = [plane.next_due_at for plane in planes if isinstance(plane, PromoteResult)]
+    return min((time for time in times if time is not None), default=None)
 
 
 async def promote_due(
