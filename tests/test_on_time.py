@@ -160,7 +160,13 @@ async def test_the_canonical_probe_is_an_index_probe_per_state(db):
     assert "Seq Scan" not in plan and "Sort" not in plan
 
 
-async def test_the_queue_storage_probe_is_an_index_probe_per_state(qs_db):
+async def test_the_queue_storage_probe_is_an_index_probe_per_state(qs_db, qs_awa_client):
+    """With many rows ahead (where a paused-queue filter inside the search
+    made the planner scan and sort them all)."""
+    from support.qs_jobs import insert_scheduled
+
+    await insert_scheduled(qs_awa_client, 20_000, queue="ahead")
+    await qs_db.execute("ANALYZE awa.deferred_jobs")
     # The paused-queue list is read from queue_meta (a handful of rows).
     plan = plan_text(await qs_db.fetch("EXPLAIN " + qs_promote.DUE_STATES_SQL.render("awa")))
     assert plan.count("idx_awa_deferred_due") == 4
