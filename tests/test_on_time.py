@@ -339,3 +339,31 @@ def test_a_mixed_transition_wakes_at_the_earlier_plane():
     assert spec.next_wake(PlaneResults(PromoteResult(next_due_at=7.0), PromoteResult(next_due_at=5.0))) == 5.0
     assert spec.next_wake(PlaneResults(None, PromoteResult(next_due_at=5.0))) == 5.0
     assert spec.next_wake(PlaneResults(PromoteResult(), None)) is None
+
+
+async def test_a_pass_at_the_forecast_run_at_promotes_first_and_probes_after(
+    maintenance_ctx, db, awa_client, monkeypatch
+):
+    """Woken for a run_at the previous probe reported, the pass runs that
+    state's batch before its probe: the job is promoted one round trip
+    sooner, and the probe then reports what comes after it."""
+    run_at = await db.fetchval("SELECT now() + interval '1 second'")
+    job_id = await insert_at(awa_client, run_at)
+    forecast = await promote.run_once(maintenance_ctx)
+    assert forecast.total == 0 and forecast.next_due_at is not None
+    await trio.sleep_until(forecast.next_due_at)
+
+    sent = []
+    for method in ("fetch", "fetchone"):
+        original = getattr(maintenance_ctx.db, method)
+
+        async def recording(sql, *args, original=original):
+            sent.append(sql)
+            return await original(sql, *args)
+
+        monkeypatch.setattr(maintenance_ctx.db, method, recording)
+    result = await promote.run_once(maintenance_ctx)
+
+    assert result.promoted["scheduled"] == 1 and result.next_due_at is None
+    assert sent[:2] == [promote.PROMOTE_DUE_SQL["scheduled"].render(), promote.DUE_STATES_SQL.render()]
+    assert await db.fetchval("SELECT state::text FROM awa.jobs_hot WHERE id = $1", job_id) == "available"

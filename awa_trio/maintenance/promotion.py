@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
 from ..context import MaintenanceContext
-from ..db import ConnectionLost, DatabaseError, UniqueViolation, describe_error
+from ..db import ConnectionLost, Database, DatabaseError, UniqueViolation, describe_error
 from ..jobs import JobRow
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,19 @@ def next_due_at(result: object) -> float | None:
     return min((time for time in times if time is not None), default=None)
 
 
+@dataclasses.dataclass
+class _Forecast:
+    """What the last pass's probe said comes due next: when (Trio time) and
+    in which states."""
+
+    at: float | None = None
+    states: tuple[str, ...] = ()
+
+
+#: Per database and probe (engine, schema): the last pass's forecast.
+_FORECASTS: weakref.WeakKeyDictionary[Database, dict[str, _Forecast]] = weakref.WeakKeyDictionary()
+
+
 async def promote_due(
     ctx: MaintenanceContext, name: str, due_check_sql: str, promote_state: PromoteState
 ) -> PromoteResult:
@@ -97,36 +111,54 @@ async def promote_due(
     seconds until the first one that is not), then each due state's
     batches; a state with nothing due records an empty batch.
 
-    The next due time is read by the same probe, before the batches: the
-    rows due at the probe are this pass's, and the first one after it is
-    the next wake. (A batch that also takes that row, because it came due
-    while the probe's reply travelled, costs one empty pass.) The delay is
-    counted from the probe's reply, so the wake is never before the row's
-    run_at by the database clock."""
+    A pass that wakes for a run_at the previous probe reported runs that
+    state's batches first and probes after them, so the job is promoted one
+    round trip sooner and the probe's next due time is read after the rows
+    it just promoted (a probe before them would report one of them as next
+    whenever it came due between the two statements: an empty pass). The
+    delay is counted from the probe's reply, so the wake is never before
+    the row's run_at by the database clock."""
     result = PromoteResult()
     started = trio.current_time()
+    forecast = _FORECASTS.setdefault(ctx.db, {}).setdefault(due_check_sql, _Forecast())
+    first = forecast.states if forecast.at is not None and started >= forecast.at else ()
+    forecast.at, forecast.states = None, ()
+    for state in first:
+        await _promote_state(ctx, name, state, promote_state, result)
     try:
         due = await ctx.db.fetchone(due_check_sql)
     except DatabaseError as exc:
         log.error("%s: failed to promote due jobs (due check): %s", name, describe_error(exc))
         return result
     replied = trio.current_time()
-    delays = [due[column] for column in NEXT_IN_COLUMNS.values() if due[column] is not None]
-    if delays:
-        result.next_due_at = replied + max(min(delays), 0.0)
+    delays = {state: due[NEXT_IN_COLUMNS[state]] for state in PROMOTABLE_STATES}
+    known = [delay for delay in delays.values() if delay is not None]
+    if known:
+        earliest = min(known)
+        result.next_due_at = replied + max(earliest, 0.0)
+        forecast.at = result.next_due_at
+        forecast.states = tuple(state for state, delay in delays.items() if delay == earliest)
     for state in PROMOTABLE_STATES:
         if not due[state]:
-            record_empty_pass(ctx, state, result, trio.current_time() - started)
+            if state not in first:
+                record_empty_pass(ctx, state, result, trio.current_time() - started)
             continue
-        try:
-            await promote_state(state, result)
-        except DatabaseError as exc:
-            # A failure for one state must not keep the other one waiting.
-            log.error("%s: failed to promote %s jobs: %s", name, state, describe_error(exc))
-        count = result.promoted.get(state, 0)
-        if count:
-            log.debug("%s: promoted %d %s jobs (%d queues)", name, count, state, len(result.queues))
+        await _promote_state(ctx, name, state, promote_state, result)
     return result
+
+
+async def _promote_state(
+    ctx: MaintenanceContext, name: str, state: str, promote_state: PromoteState, result: PromoteResult
+) -> None:
+    before = result.promoted.get(state, 0)
+    try:
+        await promote_state(state, result)
+    except DatabaseError as exc:
+        # A failure for one state must not keep the other one waiting.
+        log.error("%s: failed to promote %s jobs: %s", name, state, describe_error(exc))
+    count = result.promoted.get(state, 0) - before
+    if count:
+        log.debug("%s: promoted %d %s jobs (%d queues)", name, count, state, len(result.queues))
 
 
 def record_empty_pass(ctx: MaintenanceContext, state: str, result: PromoteResult, seconds: float) -> None:
