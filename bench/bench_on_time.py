@@ -20,7 +20,8 @@ transaction is one) and CPU of that database's backends (/proc), which are
 the leader's (and the awa-pg runtime's worker's, for upstream).
 
 ``--idle-cost`` measures instead 100,000 jobs scheduled over the next hour
-(about 28 come due a second) for ``--seconds``.
+(about 28 come due a second) for ``--seconds``; with ``--idle-lead 3600``
+the hour starts an hour ahead, so nothing comes due while measured.
 
 ``--baseline DIR`` adds awa_trio as it was before on-time promotion (polling
 every promote_interval): DIR holds that version's ``awa_trio`` package, e.g.
@@ -28,7 +29,7 @@ every promote_interval): DIR holds that version's ``awa_trio`` package, e.g.
 
     python bench/bench_on_time.py [--engine canonical --engine queue_storage]
         [--rate 10 --rate 100 --rate 1000] [--window 60] [--workers]
-        [--baseline DIR] [--idle-cost [--seconds 60]] [--server URL]
+        [--baseline DIR] [--idle-cost [--seconds 60] [--idle-lead 3600]] [--server URL]
 """
 
 from __future__ import annotations
@@ -121,13 +122,14 @@ def runtime_argv(dsn: str, engine: str, *, leads: bool) -> list[str]:
                                   leader_election_interval_ms=100 if leads else 600_000)
 
 
-async def insert_jobs(dsn: str, count: int, window: float) -> None:
+async def insert_jobs(dsn: str, count: int, window: float, lead: float = LEAD_SECONDS) -> None:
     """``count`` jobs far ahead, each with the offset of its own slot of the
-    window (a random point in it, so run_at values are distinct)."""
+    window (a random point in it, so run_at values are distinct), the window
+    starting ``lead`` seconds after the run_at values are set."""
     import awa
 
     slot = window / count
-    jobs = [{"offset": LEAD_SECONDS + (i + random.random()) * slot} for i in range(count)]
+    jobs = [{"offset": lead + (i + random.random()) * slot} for i in range(count)]
 
     def insert() -> None:
         client = awa.Client(dsn)
@@ -178,7 +180,8 @@ def quantiles(values: list[float]) -> str:
 
 
 async def run_case(server: str, template: str, engine: str, names: list[str], count: int, window: float,
-                   baseline: str | None, workers: bool, measure_seconds: float | None = None) -> list[Leader]:
+                   baseline: str | None, workers: bool, measure_seconds: float | None = None,
+                   lead: float = LEAD_SECONDS) -> list[Leader]:
     leaders = [Leader(name, await _common.copy_database(server, template, "awa_trio_bench_on_time"))
                for name in names]
     monitor = await asyncpg.connect(f"{server}/postgres")
@@ -192,7 +195,7 @@ async def run_case(server: str, template: str, engine: str, names: list[str], co
                     await conn.execute(sql)
             finally:
                 await conn.close()
-            await insert_jobs(leader.dsn, count, window)
+            await insert_jobs(leader.dsn, count, window, lead)
         for leader in leaders:
             if leader.name == "awa-pg":
                 await start_runtime(leader, engine, leads=True)
@@ -276,11 +279,12 @@ async def lateness_bench(args: argparse.Namespace, engine: str, template: str, n
 
 
 async def idle_cost_bench(args: argparse.Namespace, engine: str, template: str, names: list[str]) -> None:
-    print(f"\n## {engine}: 100,000 jobs scheduled over the next hour, {args.seconds:g} s measured")
+    when = "the next hour" if not args.idle_lead else f"the hour from {args.idle_lead:g} s ahead"
+    print(f"\n## {engine}: 100,000 jobs scheduled over {when}, {args.seconds:g} s measured")
     print("| leader | tx/s | backend CPU % | promoted |")
     print("|---|---|---|---|")
     leaders = await run_case(args.server, template, engine, names, 100_000, 3600.0, args.baseline, False,
-                             measure_seconds=args.seconds)
+                             measure_seconds=args.seconds, lead=args.idle_lead or LEAD_SECONDS)
     for leader in leaders:
         assert leader.cost is not None
         print(f"| {leader.name} | {leader.cost[0]:.1f} | {100 * leader.cost[1]:.2f} | "
@@ -299,6 +303,8 @@ async def main() -> None:
                         help="leaders to run (default both; --baseline adds the polling awa_trio)")
     parser.add_argument("--idle-cost", action="store_true")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds of --idle-cost")
+    parser.add_argument("--idle-lead", type=float, default=0.0,
+                        help="--idle-cost: the first job falls due this many seconds ahead (default 2)")
     parser.add_argument("--server", default=_common.env_server())
     args = parser.parse_args()
     names = list(args.leader or ("awa_trio", "awa-pg"))
