@@ -23,13 +23,20 @@ the leader's (and the awa-pg runtime's worker's, for upstream).
 (about 28 come due a second) for ``--seconds``; with ``--idle-lead 3600``
 the hour starts an hour ahead, so nothing comes due while measured.
 
+``--cron`` measures instead cron fires: a schedule firing every second on
+each leader's database (awa_trio's ``--periodic-job``, awa-pg's
+``periodic()``), for ``--seconds``; a trigger records each fire's job
+landing minus the second it belongs to (the fire time, while fires are less
+than a second late).
+
 ``--baseline DIR`` adds awa_trio as it was before on-time promotion (polling
 every promote_interval): DIR holds that version's ``awa_trio`` package, e.g.
 ``git archive <commit> awa_trio | tar -x -C DIR``.
 
     python bench/bench_on_time.py [--engine canonical --engine queue_storage]
         [--rate 10 --rate 100 --rate 1000] [--window 60] [--workers]
-        [--baseline DIR] [--idle-cost [--seconds 60] [--idle-lead 3600]] [--server URL]
+        [--baseline DIR] [--idle-cost [--seconds 60] [--idle-lead 3600]] [--cron [--seconds 60]]
+        [--server URL]
 """
 
 from __future__ import annotations
@@ -78,6 +85,20 @@ SET_DUE_SQL = {
 }
 ASSIGN_DUE = ("run_at = to_timestamp($1 + (args->>'offset')::float8), "
               "args = args || jsonb_build_object('due', $1 + (args->>'offset')::float8)")
+CRON_TRIGGER = {
+    table: f"""CREATE TRIGGER bench_cron_landed AFTER INSERT ON {table} FOR EACH ROW
+               WHEN (NEW.queue = '{QUEUE}' AND NEW.attempt = 0 AND NOT NEW.args ? 'due') EXECUTE FUNCTION bench_record_cron()"""
+    for table in ("awa.jobs_hot", "awa.ready_entries")
+}
+CRON_FUNCTION = """
+    CREATE FUNCTION bench_record_cron() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE landed timestamptz := clock_timestamp();
+    BEGIN
+        INSERT INTO bench_landed VALUES (0, extract(epoch FROM landed - date_trunc('second', landed)));
+        RETURN NEW;
+    END $$
+"""
+CRON_EXPRESSION = "* * * * * *"
 TRANSACTIONS_SQL = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1"
 BACKENDS_SQL = "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()"
 LEADER_LOCK_HELD_SQL = _common.lock_holders_sql("count(*)", database="$1")
@@ -98,10 +119,12 @@ class Leader:
         return _common.name_of(self.dsn)
 
 
-def start_leader(name: str, dsn: str, baseline: str | None) -> subprocess.Popen:
+def start_leader(name: str, dsn: str, baseline: str | None, cron: bool = False) -> subprocess.Popen:
     """An awa_trio leader, from this checkout or (the polling one) from
     ``baseline``: ``-m`` puts the working directory first on sys.path."""
     argv = _common.awa_trio_argv(dsn, "--leader-election-interval", "100ms", "--log-level", "WARNING")
+    if cron:
+        argv += ["--periodic-job", f"bench_cron={CRON_EXPRESSION};kind=bench_cron;queue={QUEUE}"]
     env = _common.repo_env()
     cwd = _common.ROOT
     if name == "awa_trio (polling)":
@@ -111,15 +134,16 @@ def start_leader(name: str, dsn: str, baseline: str | None) -> subprocess.Popen:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=cwd)
 
 
-def runtime_argv(dsn: str, engine: str, *, leads: bool) -> list[str]:
+def runtime_argv(dsn: str, engine: str, *, leads: bool, cron: bool = False) -> list[str]:
     """An awa-pg 0.6.1 runtime with a stamping worker on the bench queue:
     upstream's leader (``leads``), or a worker that never asks for the lock
     in the bench's time (awa_trio holds it anyway)."""
     # canonical_drain keeps a canonical install canonical; auto is what every
     # Awa 0.6 runtime runs on queue storage.
     role = "auto" if engine == "queue_storage" else "canonical_drain"
+    options: dict[str, object] = {"cron": CRON_EXPRESSION} if cron else {}
     return _common.awa_pg_runtime(dsn, kind=KIND, queue=QUEUE, workers=20, mode="stamp", role=role,
-                                  leader_election_interval_ms=100 if leads else 600_000)
+                                  leader_election_interval_ms=100 if leads else 600_000, **options)
 
 
 async def insert_jobs(dsn: str, count: int, window: float, lead: float = LEAD_SECONDS) -> None:
@@ -166,8 +190,8 @@ async def read_worker(leader: Leader) -> None:
         leader.worker_lines.append(line.decode(errors="replace"))
 
 
-async def start_runtime(leader: Leader, engine: str, *, leads: bool) -> None:
-    leader.worker = await _common.start_process(*runtime_argv(leader.dsn, engine, leads=leads))
+async def start_runtime(leader: Leader, engine: str, *, leads: bool, cron: bool = False) -> None:
+    leader.worker = await _common.start_process(*runtime_argv(leader.dsn, engine, leads=leads, cron=cron))
     await _common.wait_for_output(leader.worker, "READY")
 
 
@@ -181,7 +205,7 @@ def quantiles(values: list[float]) -> str:
 
 async def run_case(server: str, template: str, engine: str, names: list[str], count: int, window: float,
                    baseline: str | None, workers: bool, measure_seconds: float | None = None,
-                   lead: float = LEAD_SECONDS) -> list[Leader]:
+                   lead: float = LEAD_SECONDS, cron: bool = False) -> list[Leader]:
     leaders = [Leader(name, await _common.copy_database(server, template, "awa_trio_bench_on_time"))
                for name in names]
     monitor = await asyncpg.connect(f"{server}/postgres")
@@ -191,17 +215,19 @@ async def run_case(server: str, template: str, engine: str, names: list[str], co
             conn = await asyncpg.connect(leader.dsn)
             try:
                 for sql in (LANDED_TABLE, LANDED_FUNCTION.format(id="id" if engine == "canonical" else "job_id"),
-                            LANDED_TRIGGER[engine]):
+                            LANDED_TRIGGER[engine], CRON_FUNCTION,
+                            CRON_TRIGGER["awa.jobs_hot" if engine == "canonical" else "awa.ready_entries"]):
                     await conn.execute(sql)
             finally:
                 await conn.close()
-            await insert_jobs(leader.dsn, count, window, lead)
+            if count:
+                await insert_jobs(leader.dsn, count, window, lead)
         for leader in leaders:
             if leader.name == "awa-pg":
-                await start_runtime(leader, engine, leads=True)
+                await start_runtime(leader, engine, leads=True, cron=cron)
                 readers.append(asyncio.ensure_future(read_worker(leader)))
             else:
-                leader.process = start_leader(leader.name, leader.dsn, baseline)
+                leader.process = start_leader(leader.name, leader.dsn, baseline, cron=cron)
         deadline = time.monotonic() + 60
         for leader in leaders:
             while await monitor.fetchval(LEADER_LOCK_HELD_SQL, leader.database) != 1:
@@ -223,6 +249,13 @@ async def run_case(server: str, template: str, engine: str, names: list[str], co
                 await conn.close()
         # Cost over the window, from when the first job falls due.
         await asyncio.sleep(LEAD_SECONDS)
+        if cron:  # not the fire each leader enqueues at once on election
+            for leader in leaders:
+                conn = await asyncpg.connect(leader.dsn)
+                try:
+                    await conn.execute("DELETE FROM bench_landed")
+                finally:
+                    await conn.close()
         for leader in leaders:
             leader.cost_start = await cost_sample(monitor, leader.database)
         started = time.monotonic()
@@ -292,6 +325,17 @@ async def idle_cost_bench(args: argparse.Namespace, engine: str, template: str, 
         await _common.drop_database(args.server, leader.dsn)
 
 
+async def cron_bench(args: argparse.Namespace, engine: str, template: str, names: list[str]) -> None:
+    print(f"\n## {engine}: lateness (ms) of a per-second cron schedule's fires, {args.seconds:g} s")
+    print("| leader | p50 | p90 | p99 | max | fires |")
+    print("|---|---|---|---|---|---|")
+    leaders = await run_case(args.server, template, engine, names, 0, 1.0, args.baseline, False,
+                             measure_seconds=args.seconds, cron=True)
+    for leader in leaders:
+        print(f"| {leader.name} | {quantiles(await lateness_of(leader))} |", flush=True)
+        await _common.drop_database(args.server, leader.dsn)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", action="append", choices=ENGINES)
@@ -305,6 +349,7 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds of --idle-cost")
     parser.add_argument("--idle-lead", type=float, default=0.0,
                         help="--idle-cost: the first job falls due this many seconds ahead (default 2)")
+    parser.add_argument("--cron", action="store_true", help="cron fire lateness instead")
     parser.add_argument("--server", default=_common.env_server())
     args = parser.parse_args()
     names = list(args.leader or ("awa_trio", "awa-pg"))
@@ -314,7 +359,9 @@ async def main() -> None:
         template = await _common.make_template(args.server, "awa_trio_bench_on_time",
                                                queue_storage=engine == "queue_storage")
         try:
-            if args.idle_cost:
+            if args.cron:
+                await cron_bench(args, engine, template, names)
+            elif args.idle_cost:
                 await idle_cost_bench(args, engine, template, names)
             else:
                 await lateness_bench(args, engine, template, names)

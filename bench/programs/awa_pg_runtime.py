@@ -5,6 +5,9 @@ it wins the lock. Prints READY once started; SIGTERM shuts it down.
     python bench/programs/awa_pg_runtime.py DSN [kind=bench_idle] [queue=bench_idle]
         [workers=1] [mode=complete|hang|stamp] [role=auto|canonical_drain] [START_OPTION=VALUE ...]
 
+cron=EXPR registers a periodic job ``bench_cron`` of that expression (kind
+and queue as above) before starting.
+
 mode=stamp: each handler prints ``LATE <job id> <seconds>`` as it starts, the
 seconds since the unix time in the job's ``due`` argument (bench_on_time).
 
@@ -35,7 +38,10 @@ async def main(dsn: str, options: dict[str, int | float | str]) -> None:
     mode = options.pop("mode", "complete")
     workers, hang, stamp = int(options.pop("workers", 1)), mode == "hang", mode == "stamp"
     role = options.pop("role", "auto")
+    cron = options.pop("cron", None)
     client = awa.AsyncClient(dsn)
+    if cron is not None:
+        client.periodic("bench_cron", str(cron), dict, {}, queue=queue)
 
     @client.task(dict, kind=kind, queue=queue)
     async def work(job):
