@@ -26,6 +26,13 @@ Failure policy:
   leader scope is cancelled, the lock released, and another node (perhaps
   running a fixed version) can lead. The cluster is never left silently
   without maintenance by a crashed actor.
+
+Early wakes: a branch whose spec has ``next_wake`` (promote_scheduled,
+cron_eval) may run before its next grid tick, at the time its last body
+said the next piece of work falls due (at least ``min_wake_gap`` after
+that body started). The grid stays where it was; an early pass goes
+through the tracker like any other, so its duration counts towards
+overrun hysteresis and a cooldown skips it.
 """
 
 from __future__ import annotations
@@ -88,6 +95,13 @@ class BranchSpec:
     cooldown: bool = True
     #: Run a first body as soon as the branch starts (cron_sync on election).
     run_immediately: bool = False
+    #: From a body's result, the Trio time its next piece of work falls due
+    #: (None: nothing known before the next tick). The branch then wakes
+    #: at the earlier of that time and its next tick.
+    next_wake: Callable[[Any], float | None] | None = None
+    #: Early wakes come at least this long after the previous body started,
+    #: so work due in a steady stream is batched, not run once per item.
+    min_wake_gap: float = 0.0
 
 
 def next_tick_after(previous_tick: float, interval: float, now: float) -> float:
@@ -135,9 +149,12 @@ async def run_branch(
     anchor = trio.current_time()
     planned = slot.spec.interval
     tick = anchor if slot.spec.run_immediately else anchor + planned
+    #: When the last body said its next work falls due (before ``tick``).
+    early: float | None = None
     while True:
         updated = slot.updated
-        with trio.move_on_at(tick):
+        wake = tick if early is None else min(tick, early)
+        with trio.move_on_at(wake):
             await updated.wait()
         if updated.is_set():
             if slot.spec.interval != planned:
@@ -146,6 +163,7 @@ async def run_branch(
                 tick = next_tick_after(anchor, planned, trio.current_time())
             continue
         spec = slot.spec
+        early = None
         if not slot.paused:
             decision = await tracker.begin_tick(spec.name, spec.interval, cooldown=spec.cooldown)
             if decision.run:
@@ -158,8 +176,22 @@ async def run_branch(
                 await tracker.finish_tick(spec.name, trio.current_time() - started, error=outcome.error)
                 if slot.work is not None:
                     slot.work.record(outcome.result)
-        anchor, planned = tick, slot.spec.interval
-        tick = next_tick_after(tick, planned, trio.current_time())
+                if spec.next_wake is not None and outcome.error is None:
+                    due = spec.next_wake(outcome.result)
+                    if due is not None:
+                        early = max(due, started + spec.min_wake_gap)
+        now = trio.current_time()
+        interval = slot.spec.interval
+        if wake >= tick or tick <= now:
+            # The grid tick fired, or passed while the body ran (dropped).
+            anchor = tick
+            tick = next_tick_after(tick, interval, now)
+        elif interval != planned:
+            # Reloaded while an early pass ran.
+            tick = next_tick_after(anchor, interval, now)
+        planned = interval
+        if early is not None and early >= tick:
+            early = None
 
 
 @dataclasses.dataclass(frozen=True)

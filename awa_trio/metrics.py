@@ -49,6 +49,7 @@ TRIO_TERM_STARTED = "awa_trio.term_started"
 TRIO_BRANCH_ERRORS = "awa_trio.branch.errors"
 TRIO_BRANCH_PAUSED = "awa_trio.branch.paused"
 TRIO_CONFIG_GENERATION = "awa_trio.config.generation"
+TRIO_PROMOTE_LATENESS = "awa_trio.promote.lateness"
 
 # Attribute keys.
 ATTR_BRANCH = "awa.maintenance.branch"
@@ -93,6 +94,9 @@ DURATION_BUCKETS_SECONDS = (
     30.0,
     60.0,
 )
+#: Buckets of awa_trio.promote.lateness: milliseconds when on time, up to a
+#: poll interval and beyond when not.
+LATENESS_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.010, 0.025, 0.050, 0.100, 0.250, 0.5, 1.0, 5.0, 30.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +214,12 @@ class MaintenanceMetrics:
             TRIO_BRANCH_ERRORS,
             unit="{error}",
             description="Branch bodies that failed (database error, timeout or crash), by branch",
+        )
+        self.promote_lateness = meter.create_histogram(
+            TRIO_PROMOTE_LATENESS,
+            unit="s",
+            description="Seconds from a job's run_at to its promotion (batches), by state",
+            explicit_bucket_boundaries_advisory=LATENESS_BUCKETS_SECONDS,
         )
         #: Set by the service: () -> (is_leader, unix time the term started or None).
         self._leadership: Callable[[], tuple[bool, float | None]] | None = None
@@ -392,6 +402,11 @@ class MaintenanceMetrics:
         self.promote_batches.add(1, attributes)
         self.promote_batch_size.record(batch_size, attributes)
         self.promote_duration.record(seconds, attributes)
+
+    def record_promotion_lateness(self, state: str, seconds: Iterable[float]) -> None:
+        attributes = {ATTR_JOB_STATE: state}
+        for value in seconds:
+            self.promote_lateness.record(value, attributes)
 
     def record_rescues(self, kind: str, count: int) -> None:
         if count:

@@ -18,6 +18,13 @@ a fire that ``awa.insert_job_compat`` refuses for the row's values.
 
 Unlike upstream, the pass is evaluated against the database clock (the clock
 that wrote ``created_at``), so a leader with a skewed clock fires on time.
+
+On time: each pass also finds the next fire of every schedule it read (the
+first fire after its mark, memoised like the due check), and the branch
+wakes then rather than at its next tick, so a fire is enqueued within a few
+milliseconds of its time. A schedule whose next fire is already past (a
+missed compare-and-set, an error, the catch-up limit) waits for the tick,
+as before; so do schedules added or changed after the pass.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import trio
 
@@ -36,10 +43,12 @@ from ..db import Database, DatabaseError, describe_error, is_row_data_error
 from .expressions import CronExpressionError
 from .fire_times import (
     CATCH_UP_LIMIT,
+    FIRST_REGISTRATION_LOOKBACK,
     CronSchedule,
     InvalidPolicyError,
     UnknownTimezoneError,
     compute_fire_times,
+    floor_to_second,
     format_fire_time,
     parse_policy,
 )
@@ -72,6 +81,14 @@ class CronEvalResult:
     failed: list[str] = dataclasses.field(default_factory=list)
     #: Schedules that hit the catch-up limit (more fires come next pass).
     limited: list[str] = dataclasses.field(default_factory=list)
+    #: The earliest fire after this pass's clock of the schedules it read.
+    next_fire: datetime | None = None
+    #: Trio time at which that fire falls due (set by the branch's body).
+    next_due_at: float | None = None
+    #: The database clock the pass evaluated against, and the Trio time its
+    #: reply arrived.
+    evaluated_at: datetime | None = None
+    listed_at: float | None = None
 
 
 async def sync_periodic_jobs(ctx: MaintenanceContext) -> CronSyncResult:
@@ -126,9 +143,34 @@ class ProblemLog:
 _PROBLEM_LOGS: weakref.WeakKeyDictionary[Database, ProblemLog] = weakref.WeakKeyDictionary()
 
 
+#: Early wakes of cron_eval come at least this long after a pass started.
+MIN_WAKE_GAP = 0.002
+
+
 async def evaluate_cron_schedules(ctx: MaintenanceContext) -> CronEvalResult:
     problems = _PROBLEM_LOGS.setdefault(ctx.db, ProblemLog())
-    return await evaluate_schedules(ctx.db, problems=problems)
+    started = trio.current_time()
+    result = await evaluate_schedules(ctx.db, problems=problems)
+    if result.next_fire is not None and result.evaluated_at is not None:
+        # Counted from the reply that read the clock, so the wake is never
+        # early by the database clock.
+        delay = (result.next_fire - result.evaluated_at).total_seconds()
+        result.next_due_at = (result.listed_at or started) + max(delay, 0.0)
+    return result
+
+
+def next_fire_due_at(result: CronEvalResult) -> float | None:
+    """cron_eval's ``next_wake``."""
+    return result.next_due_at
+
+
+def _next_fire(schedule: CronSchedule, row: CronJobRow, mark: datetime | None) -> datetime | None:
+    """The schedule's first fire after ``mark`` (its last enqueued fire),
+    or its first fire at all when it never fired."""
+    if mark is None:
+        start = floor_to_second(row.created_at - FIRST_REGISTRATION_LOOKBACK)
+        return schedule.next_fire_after(start - timedelta(seconds=1))
+    return schedule.next_fire_after(mark)
 
 
 async def evaluate_schedules(
@@ -143,10 +185,12 @@ async def evaluate_schedules(
     result = CronEvalResult()
     problems = problems or ProblemLog()
     evaluated_at, rows = await list_cron_jobs(db)
+    result.listed_at = trio.current_time()
     now = now or evaluated_at
     if now is None:  # no schedules, so no database clock and nothing to fire
         return result
     result.schedules = len(rows)
+    result.evaluated_at = now
     for row in rows:
         await trio.lowlevel.checkpoint()  # fire computation is CPU; let other tasks in
         if row.is_paused:
@@ -155,6 +199,7 @@ async def evaluate_schedules(
             continue
         fires = _due_fires(row, now, limit, result, problems)
         if not fires:
+            _note_next_fire(row, row.last_enqueued_at, now, result)
             continue
         if len(fires) >= limit:
             result.limited.append(row.name)
@@ -166,8 +211,23 @@ async def evaluate_schedules(
                 limit,
             )
         await _enqueue_in_order(db, row, fires, result, problems)
+        if result.enqueued and result.enqueued[-1][0] == row.name and result.enqueued[-1][2] == fires[-1]:
+            _note_next_fire(row, fires[-1], now, result)
     problems.end_pass()
     return result
+
+
+def _note_next_fire(row: CronJobRow, mark: datetime | None, now: datetime, result: CronEvalResult) -> None:
+    """Keep the earliest next fire after ``now`` of the schedules read."""
+    if result.invalid and result.invalid[-1] == row.name:
+        return
+    try:
+        schedule = CronSchedule.parse(row.cron_expr, row.timezone)
+        fire = _next_fire(schedule, row, mark)
+    except (CronExpressionError, UnknownTimezoneError, TypeError, ValueError, OverflowError):
+        return
+    if fire is not None and fire > now and (result.next_fire is None or fire < result.next_fire):
+        result.next_fire = fire
 
 
 def _due_fires(
@@ -262,5 +322,7 @@ def cron_branches(config: MaintenanceConfig) -> list[BranchSpec]:
             evaluate_cron_schedules,
             cooldown=False,
             run_immediately=True,
+            next_wake=next_fire_due_at,
+            min_wake_gap=MIN_WAKE_GAP,
         ),
     ]

@@ -28,9 +28,15 @@ from ...context import MaintenanceContext
 from ...db import DatabaseError, QueryError, UniqueViolation, describe_error, row_level_refusal
 from ...hooks import JobCancelled
 from ...jobs import JOB_COLUMNS, JobRow
-from ...maintenance.promotion import PROMOTABLE_STATES, STATE_LITERALS, PromoteResult, promote_due
+from ...maintenance.promotion import (
+    NEXT_IN_COLUMNS,
+    PROMOTABLE_STATES,
+    STATE_LITERALS,
+    PromoteResult,
+    promote_due,
+)
 from ...maintenance.promotion import promote_row_by_row as shared_row_by_row
-from ...sql import Statement
+from ...sql import Fragment, Statement
 from .unique_claims import holder_text, unique_claim_holder
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,10 @@ DUPLICATE_ERROR = "cancelled as duplicate: came due while another job held its u
 # bytes fails the whole statement (SQLSTATE 22023), and Awa allows queue
 # names of 200 characters. Jobs of such a queue get a run_at one microsecond
 # later, so the trigger (which could not notify them anyway) does not fire.
+#
+# {result}: a batch returns each job's queue and lateness (seconds from its
+# run_at to now(), the promotion time), read from the deleted row since the
+# filed one's run_at is now(); the one-row fallback returns the filed row.
 _PROMOTE_DUE_SQL_TEMPLATE = """
     WITH due AS (
         DELETE FROM awa.scheduled_jobs
@@ -67,7 +77,8 @@ _PROMOTE_DUE_SQL_TEMPLATE = """
             FOR UPDATE SKIP LOCKED
         )
         RETURNING *
-    )
+    ),
+    filed AS (
     INSERT INTO awa.jobs_hot ({columns})
     SELECT
         id, kind, queue, args, 'available' AS state, priority, attempt, max_attempts,
@@ -80,8 +91,16 @@ _PROMOTE_DUE_SQL_TEMPLATE = """
         run_lease, progress
     FROM due
     RETURNING {returning}
+    )
+    {result}
 """
 _COLUMNS_SQL = ", ".join(JOB_COLUMNS)
+# The batch's commit does not wait for its WAL flush (promotion.ASYNC_COMMIT, set by
+# the statement itself: it is its own transaction, and the setting is read
+# at commit). The init plan runs once, when the first promoted row is read.
+_BATCH_RESULT = """SELECT due.queue, EXTRACT(EPOCH FROM now() - due.run_at)::float8 AS lateness
+    FROM due
+    WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL"""
 _BATCH_SELECTION = "ORDER BY run_at, id LIMIT :limit"
 _ONE_SELECTION = "AND id = :job_id"
 PROMOTE_DUE_SQL = {
@@ -90,7 +109,8 @@ PROMOTE_DUE_SQL = {
         state=STATE_LITERALS[state],
         selection=_BATCH_SELECTION,
         columns=_COLUMNS_SQL,
-        returning="queue",
+        returning="id",
+        result=_BATCH_RESULT,
     )
     for state in PROMOTABLE_STATES
 }
@@ -102,6 +122,7 @@ PROMOTE_ONE_SQL = {
         selection=_ONE_SELECTION,
         columns=_COLUMNS_SQL,
         returning=_COLUMNS_SQL,
+        result="SELECT * FROM filed",
     )
     for state in PROMOTABLE_STATES
 }
@@ -117,17 +138,27 @@ DUE_IDS_SQL = {
     state: Statement(_DUE_IDS_TEMPLATE, state=STATE_LITERALS[state]) for state in PROMOTABLE_STATES
 }
 
-# Which states have due rows, in one round trip (the partial index per
-# state answers each EXISTS): an idle tick costs one statement, not one
-# empty batch per state. One column per state of PROMOTABLE_STATES.
-DUE_STATES_SQL = Statement("""SELECT EXISTS (
+# The due probe, in one round trip: per state, whether rows are due and
+# the seconds until the first one that is not (NULL: none). Each is an index
+# probe of the state's partial run_at index (plans in
+# docs/branches-canonical.md); an idle pass costs this one statement.
+_STATE_PROBE = Fragment("""EXISTS (
            SELECT 1 FROM awa.scheduled_jobs
-           WHERE state = 'scheduled'::awa.job_state AND run_at <= now()
-       ) AS scheduled,
-       EXISTS (
-           SELECT 1 FROM awa.scheduled_jobs
-           WHERE state = 'retryable'::awa.job_state AND run_at <= now()
-       ) AS retryable""")
+           WHERE state = {state}::awa.job_state AND run_at <= now()
+       ) AS {due},
+       EXTRACT(EPOCH FROM (
+           SELECT run_at FROM awa.scheduled_jobs
+           WHERE state = {state}::awa.job_state AND run_at > now()
+           ORDER BY run_at
+           LIMIT 1
+       ) - now())::float8 AS {next_in}""")
+DUE_STATES_SQL = Statement(
+    "SELECT "
+    + ",\n       ".join(
+        _STATE_PROBE(state=STATE_LITERALS[state], due=state, next_in=NEXT_IN_COLUMNS[state])
+        for state in PROMOTABLE_STATES
+    )
+)
 
 # A due job that cannot be promoted leaves scheduled_jobs as `cancelled`
 # (terminal rows live in jobs_hot), guarded by the state it was found in and
@@ -193,6 +224,7 @@ async def promote_due_state(ctx: MaintenanceContext, state: str, result: Promote
             return
         promoted = len(rows)
         ctx.metrics.record_promotion_batch(state, promoted, trio.current_time() - started)
+        ctx.metrics.record_promotion_lateness(state, (row["lateness"] for row in rows))
         result.batches += 1
         result.promoted[state] = result.promoted.get(state, 0) + promoted
         result.queues.update(row["queue"] for row in rows)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ...branch import BranchSpec
 from ...config import MaintenanceConfig
 from ...cron import cron_branches
+from ...maintenance.promotion import MIN_WAKE_GAP, next_due_at
 from . import (
     admin_metadata,
     batch_operations,
@@ -24,7 +25,15 @@ def canonical_branches(config: MaintenanceConfig) -> list[BranchSpec]:
         BranchSpec(rescue_heartbeats.NAME, config.heartbeat_rescue_interval, rescue_heartbeats.run_once),
         BranchSpec(rescue_deadlines.NAME, config.deadline_rescue_interval, rescue_deadlines.run_once),
         BranchSpec(rescue_callbacks.NAME, config.callback_rescue_interval, rescue_callbacks.run_once),
-        BranchSpec(promote.NAME, config.promote_interval, promote.run_once, run_immediately=True),
+        BranchSpec(
+            promote.NAME,
+            config.promote_interval,
+            promote.run_once,
+            run_immediately=True,
+            # Wakes when the next job falls due, not only every interval.
+            next_wake=next_due_at,
+            min_wake_gap=MIN_WAKE_GAP,
+        ),
         BranchSpec(cleanup.NAME, config.cleanup_interval, cleanup.run_once),
         BranchSpec(priority_aging.NAME, config.priority_aging_interval, priority_aging.run_once),
         BranchSpec(

@@ -14,6 +14,7 @@ from ...branch import BranchSpec
 from ...config import MaintenanceConfig
 from ...context import MaintenanceContext
 from ...cron import cron_branches
+from ...maintenance.promotion import MIN_WAKE_GAP, next_due_at
 from . import batch_operations as qs_batch_operations
 from . import cleanup as qs_cleanup
 from . import promote as qs_promote
@@ -39,7 +40,15 @@ def queue_storage_branches(config: MaintenanceConfig) -> list[BranchSpec]:
         ),
         BranchSpec(qs_rescue_deadlines.NAME, config.deadline_rescue_interval, qs_rescue_deadlines.run_once),
         BranchSpec(qs_rescue_callbacks.NAME, config.callback_rescue_interval, qs_rescue_callbacks.run_once),
-        BranchSpec(qs_promote.NAME, config.promote_interval, qs_promote.run_once, run_immediately=True),
+        BranchSpec(
+            qs_promote.NAME,
+            config.promote_interval,
+            qs_promote.run_once,
+            run_immediately=True,
+            # Wakes when the next job falls due, not only every interval.
+            next_wake=next_due_at,
+            min_wake_gap=MIN_WAKE_GAP,
+        ),
         BranchSpec(qs_cleanup.NAME, config.cleanup_interval, qs_cleanup.run_once),
         BranchSpec(qs_queue_stats.NAME, config.queue_stats_interval, qs_queue_stats.run_once),
         BranchSpec(qs_batch_operations.NAME, config.batch_operations_interval, qs_batch_operations.run_once),
