@@ -16,7 +16,6 @@ from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.branch import BranchSlot, BranchSpec, run_branch
 from awa_trio.engines.canonical import promote
 from awa_trio.engines.queue_storage import promote as qs_promote
-from awa_trio.maintenance.promotion import MIN_WAKE_GAP
 from awa_trio.metrics import MaintenanceMetrics
 from awa_trio.tracker import TickDecision
 from awa_trio.tracker_actor import run_tracker
@@ -266,9 +265,11 @@ def test_the_promote_branch_wakes_early_on_both_engines():
     from awa_trio.engines.canonical.registry import canonical_branches
     from awa_trio.engines.queue_storage.registry import queue_storage_branches
 
-    for branches in (canonical_branches(MaintenanceConfig()), queue_storage_branches(MaintenanceConfig())):
+    config = MaintenanceConfig(promote_min_gap="25ms")
+    for branches in (canonical_branches(config), queue_storage_branches(config)):
         (spec,) = [spec for spec in branches if spec.name == "promote_scheduled"]
-        assert spec.next_wake is not None and spec.min_wake_gap == MIN_WAKE_GAP and spec.run_immediately
+        assert spec.next_wake is not None and spec.min_wake_gap == 0.025 and spec.run_immediately
+    assert MaintenanceConfig().promote_min_gap == 0.010
 
 
 # -- cron_eval wakes at the next fire ---------------------------------------------

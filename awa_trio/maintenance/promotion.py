@@ -39,10 +39,6 @@ NEXT_IN_COLUMNS = {state: f"{state}_next_in" for state in PROMOTABLE_STATES}
 #: it, and a promotion lost in a crash leaves its jobs due, to be promoted
 #: again: never lost, never run twice.
 ASYNC_COMMIT = {"synchronous_commit": "off"}
-#: Early wakes come at least this long after the previous pass started: a
-#: steady stream of due jobs (1,000 a second) is promoted in batches of a
-#: few milliseconds, never one statement per job.
-MIN_WAKE_GAP = 0.002
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...branch import BranchSpec
 from ...config import MaintenanceConfig
 from ...cron import cron_branches
-from ...maintenance.promotion import MIN_WAKE_GAP, next_due_at
+from ...maintenance.promotion import next_due_at
 from . import (
     admin_metadata,
     batch_operations,
@@ -32,7 +32,7 @@ def canonical_branches(config: MaintenanceConfig) -> list[BranchSpec]:
             run_immediately=True,
             # Wakes when the next job falls due, not only every interval.
             next_wake=next_due_at,
-            min_wake_gap=MIN_WAKE_GAP,
+            min_wake_gap=config.promote_min_gap,
         ),
         BranchSpec(cleanup.NAME, config.cleanup_interval, cleanup.run_once),
         BranchSpec(priority_aging.NAME, config.priority_aging_interval, priority_aging.run_once),

@@ -14,7 +14,7 @@ from ...branch import BranchSpec
 from ...config import MaintenanceConfig
 from ...context import MaintenanceContext
 from ...cron import cron_branches
-from ...maintenance.promotion import MIN_WAKE_GAP, next_due_at
+from ...maintenance.promotion import next_due_at
 from . import batch_operations as qs_batch_operations
 from . import cleanup as qs_cleanup
 from . import promote as qs_promote
@@ -47,7 +47,7 @@ def queue_storage_branches(config: MaintenanceConfig) -> list[BranchSpec]:
             run_immediately=True,
             # Wakes when the next job falls due, not only every interval.
             next_wake=next_due_at,
-            min_wake_gap=MIN_WAKE_GAP,
+            min_wake_gap=config.promote_min_gap,
         ),
         BranchSpec(qs_cleanup.NAME, config.cleanup_interval, qs_cleanup.run_once),
         BranchSpec(qs_queue_stats.NAME, config.queue_stats_interval, qs_queue_stats.run_once),
