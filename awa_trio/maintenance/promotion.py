@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import trio
 
 from ..context import MaintenanceContext
-from ..db import ConnectionLost, DatabaseError, UniqueViolation, describe_error
+from ..db import ConnectionLost, DatabaseError, LockTimeout, UniqueViolation, describe_error
 from ..jobs import JobRow
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ async def promote_due(
     started = trio.current_time()
     try:
         due = await ctx.db.fetchone(due_check_sql)
+    except LockTimeout:
+        raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
         log.error("%s: failed to promote due jobs (due check): %s", name, describe_error(exc))
         return result
@@ -76,6 +78,8 @@ async def promote_due(
             continue
         try:
             await promote_state(state, result)
+        except LockTimeout:
+            raise  # a yield: the branch retries at its next tick
         except DatabaseError as exc:
             # A failure for one state must not keep the other one waiting.
             log.error("%s: failed to promote %s jobs: %s", name, state, describe_error(exc))
@@ -121,6 +125,8 @@ async def promote_row_by_row(
                 exc,
             )
             break
+        except LockTimeout:
+            raise  # a yield: the branch retries at its next tick
         except DatabaseError as exc:
             log.error(
                 "%s: promoting %s job %d failed; skipping it: %s", name, state, job_id, describe_error(exc)

@@ -46,6 +46,7 @@ from ...context import MaintenanceContext
 from ...db import (
     ConnectionLost,
     DatabaseError,
+    LockTimeout,
     QueryError,
     UniqueViolation,
     describe_error,
@@ -278,6 +279,8 @@ async def rescue_row_by_row(
                 exc,
             )
             return position
+        except LockTimeout:
+            raise  # a yield: the branch retries at its next tick
         except DatabaseError as exc:
             log.error("%s: rescue of job %d failed; skipping it: %s", sweep.name, job_id, exc)
             result.skipped.append(job_id)
@@ -307,6 +310,8 @@ async def cancel_duplicate(
         )
         result.skipped.append(job_id)
         return
+    except LockTimeout:
+        raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
         log.error("%s: cancelling duplicate job %d failed; skipping it: %s", sweep.name, job_id, exc)
         result.skipped.append(job_id)
