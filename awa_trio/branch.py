@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .db import DatabaseError, LockTimeout, describe_error
+from .db import DatabaseError, LockTimeout, describe_error, find_lock_holder
 from .errors import LeadershipAbandoned
 from .logs import CURRENT_BRANCH, connection_recovered
 
@@ -199,7 +199,7 @@ async def run_body(
                 "%s: yielded to a lock on %s held by another session (waited statement_lock_timeout, "
                 "%gs); retrying at the next tick",
                 spec.name,
-                exc.relation or "a table",
+                await find_lock_holder(ctx.db, exc) or "a table or row",
                 ctx.config.statement_lock_timeout,
             )
         else:

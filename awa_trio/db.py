@@ -120,15 +120,55 @@ class LockTimeout(QueryError):
     again at its next tick. ``relation`` is the table it waited for, when the
     server's report names it (None otherwise)."""
 
-    def __init__(self, message: str, *, sqlstate: str | None = None, relation: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        sqlstate: str | None = None,
+        relation: str | None = None,
+        sql: str | None = None,
+    ):
         super().__init__(message, sqlstate=sqlstate)
         self.relation = relation
+        #: The statement that waited (for :func:`find_lock_holder`).
+        self.sql = sql
 
 
 # A row-lock wait names its table in the error context ('while locking tuple
 # (0,1) in relation "jobs_hot"'); a table-lock wait points at it in the text.
 _CONTEXT_RELATION = re.compile(r'relation "([^"]+)"')
 _NAME_AT = re.compile(r'(?:"[^"]+"|[A-Za-z_][A-Za-z0-9_$]*)(?:\.(?:"[^"]+"|[A-Za-z_][A-Za-z0-9_$]*))?')
+
+
+#: Tables another session holds ACCESS EXCLUSIVE (the lock DDL takes).
+EXCLUSIVE_HOLDERS_SQL = """
+    SELECT DISTINCT n.nspname, c.relname
+    FROM pg_locks l
+    JOIN pg_class c ON c.oid = l.relation
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE l.locktype = 'relation' AND l.granted AND l.mode = 'AccessExclusiveLock'
+      AND l.pid <> pg_backend_pid()
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    ORDER BY 1, 2
+"""
+
+
+async def find_lock_holder(db: Database, exc: LockTimeout) -> str | None:
+    """The table a lock timeout waited for, when the server's report did not
+    say (a prepared statement takes its table locks without a text position):
+    the tables named in the statement that another session holds ACCESS
+    EXCLUSIVE now. One query, only for the first yield of an episode."""
+    if exc.relation is not None or not exc.sql:
+        return exc.relation
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_$]*", exc.sql))
+    with trio.move_on_after(1.0):
+        try:
+            rows = await db.fetch(EXCLUSIVE_HOLDERS_SQL)
+        except DatabaseError:
+            return None
+        named = [f"{row[0]}.{row[1]}" for row in rows if row[1] in words]
+        return ", ".join(named) or None
+    return None
 
 
 def _waited_relation(exc: BaseException, sql: str | None) -> str | None:
@@ -205,7 +245,7 @@ def translate_error(exc: BaseException, sql: str | None = None) -> DatabaseError
         if sqlstate == UNIQUE_VIOLATION:
             return UniqueViolation(message, sqlstate=sqlstate, constraint=constraint)
         if sqlstate == LOCK_NOT_AVAILABLE:
-            return LockTimeout(message, sqlstate=sqlstate, relation=_waited_relation(exc, sql))
+            return LockTimeout(message, sqlstate=sqlstate, relation=_waited_relation(exc, sql), sql=sql)
         return QueryError(message, sqlstate=sqlstate, constraint=constraint)
     if isinstance(exc, asyncpg.exceptions.DataError):
         # Client-side: an argument asyncpg could not encode. The session is fine.
