@@ -25,7 +25,8 @@ import _common
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+# This checkout's awa_trio (the leader runs in this process), and the tests' support.
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from support.ddl import BUSY_CONFIG, YieldLog, busy_leader, promotion_lag
 
