@@ -297,6 +297,11 @@ async def run_one(kind: str, args) -> dict:
             live = await conn.fetchval(LIVE_COUNT_SQL, list(LIVE_STATES))
         finally:
             await conn.close()
+        if yields:
+            by_branch = collections.Counter(line.split(" yielded to a lock on ")[0].rsplit(" ", 1)[-1] + " on "
+                                            + line.split(" yielded to a lock on ")[1].split(" held by")[0]
+                                            for line in yields)
+            print(f"{kind} yield episodes: {dict(by_branch)}")
         return {"leader": kind, "producer": producer, "sampler": sampler, "verdict": verdict, "live": live,
                 "leader_cpu": leader_cpu, "yields": len(yields)}
     finally:
