@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .db import DatabaseError, describe_error
+from .db import DatabaseError, LockTimeout, describe_error, find_lock_holder
 from .errors import LeadershipAbandoned
 from .logs import CURRENT_BRANCH, connection_recovered
 
@@ -145,6 +145,7 @@ async def run_branch(
     """Tick forever (until cancelled): ask the tracker, run the body, report.
     With a ``slot``, the spec and context are read from it at every tick."""
     slot = slot or BranchSlot(spec, ctx)
+    yields = YieldEpisode()
     CURRENT_BRANCH.set(slot.spec.name)
     anchor = trio.current_time()
     planned = slot.spec.interval
@@ -172,7 +173,7 @@ async def run_branch(
                 # none lies between this reply and the body's first statement.
                 await trio.lowlevel.checkpoint_if_cancelled()
                 started = trio.current_time()
-                outcome = await run_body(spec, slot.ctx)
+                outcome = await run_body(spec, slot.ctx, yields)
                 await tracker.finish_tick(spec.name, trio.current_time() - started, error=outcome.error)
                 if slot.work is not None:
                     slot.work.record(outcome.result)
@@ -199,16 +200,49 @@ class BodyOutcome:
     result: Any = None
     #: One line saying what went wrong, for /status (None: the body succeeded).
     error: str | None = None
+    #: A statement gave up a lock wait (statement_lock_timeout): not a failure.
+    yielded: bool = False
 
 
-async def run_body(spec: BranchSpec, ctx: MaintenanceContext) -> BodyOutcome:
+@dataclasses.dataclass
+class YieldEpisode:
+    """A branch's consecutive yields: the first is logged at INFO, the rest
+    only counted, and the next body that runs through says how long the
+    episode lasted (a DDL of minutes would otherwise log every tick)."""
+
+    count: int = 0
+    started: float = 0.0
+
+
+async def run_body(
+    spec: BranchSpec, ctx: MaintenanceContext, yields: YieldEpisode | None = None
+) -> BodyOutcome:
     """One body, with the expected faults logged and swallowed."""
     started = trio.current_time()
+    yields = yields if yields is not None else YieldEpisode()
     errors: list[str] = []
     token = BODY_ERRORS.set(errors)
     try:
         with trio.fail_after(ctx.config.branch_timeout):
             result = await spec.run_once(ctx)
+    except LockTimeout as exc:
+        # An operator's DDL (or any long lock) always wins: the statement gave
+        # up its wait before PostgreSQL's deadlock detector could pick the
+        # DDL, and its transaction rolled back, so the branch holds nothing.
+        ctx.metrics.record_branch_yield(spec.name)
+        if yields.count == 0:
+            yields.started = started
+            log.info(
+                "%s: yielded to a lock on %s held by another session (waited statement_lock_timeout, "
+                "%gs); retrying at the next tick",
+                spec.name,
+                await find_lock_holder(ctx.db, exc) or "a table or row",
+                ctx.config.statement_lock_timeout,
+            )
+        else:
+            log.debug("%s: yielded again (lock on %s)", spec.name, exc.relation or "a table")
+        yields.count += 1
+        return BodyOutcome(yielded=True)
     except DatabaseError as exc:
         ctx.metrics.record_branch_error(spec.name)
         log.error("%s: database error %s", spec.name, describe_error(exc))
@@ -223,6 +257,15 @@ async def run_body(spec: BranchSpec, ctx: MaintenanceContext) -> BodyOutcome:
         return BodyOutcome(error=f"ran longer than branch_timeout ({ctx.config.branch_timeout:g}s)")
     finally:
         BODY_ERRORS.reset(token)
+    if yields.count:
+        log.info(
+            "%s: resumed after yielding %d time%s over %.1fs",
+            spec.name,
+            yields.count,
+            "" if yields.count == 1 else "s",
+            started - yields.started,
+        )
+        yields.count = 0
     if errors:
         # The body went on past failures it logged itself.
         ctx.metrics.record_branch_error(spec.name)

@@ -61,6 +61,10 @@ DEFAULT_BRANCH_RESTART_LIMIT = 5
 DEFAULT_BRANCH_RESTART_WINDOW = 60 * SECOND
 DEFAULT_BRANCH_TIMEOUT = 300 * SECOND
 DEFAULT_LOCK_TIMEOUT = 30 * SECOND
+DEFAULT_STATEMENT_LOCK_TIMEOUT = 0.1
+#: statement_lock_timeout must stay well below PostgreSQL's deadlock_timeout
+#: (1 s by default), or the deadlock detector may pick the operator's DDL.
+MAX_STATEMENT_LOCK_TIMEOUT = 0.5
 DEFAULT_POOL_SIZE = 8
 DEFAULT_LOCK_KEEPALIVE = 30 * SECOND
 DEFAULT_HOOK_TIMEOUT = 30 * SECOND
@@ -379,8 +383,15 @@ class MaintenanceConfig:
     lock_timeout: float = setting(
         DEFAULT_LOCK_TIMEOUT,
         INTERVAL,
-        "Server-side lock_timeout of maintenance queries: a locked table becomes a logged "
-        "error instead of a silent stall.",
+        "Server-side lock_timeout of awa_trio's other sessions (the leader lock's); "
+        "maintenance statements use statement_lock_timeout.",
+    )
+    statement_lock_timeout: float = setting(
+        DEFAULT_STATEMENT_LOCK_TIMEOUT,
+        INTERVAL,
+        "Longest a maintenance statement waits for a lock before it gives up and its branch "
+        "yields until the next tick (an operator's DDL always wins); below 0.5 s, well under "
+        "PostgreSQL's deadlock_timeout.",
     )
     pool_size: int = setting(
         DEFAULT_POOL_SIZE, COUNT, "Connections in the shared pool (the lock has its own)."
@@ -438,6 +449,12 @@ class MaintenanceConfig:
             else:
                 continue
             object.__setattr__(self, field.name, value)
+
+        if self.statement_lock_timeout >= MAX_STATEMENT_LOCK_TIMEOUT:
+            raise ConfigError(
+                f"statement_lock_timeout must be below {MAX_STATEMENT_LOCK_TIMEOUT:g}s (well under "
+                f"PostgreSQL's deadlock_timeout), not {self.statement_lock_timeout:g}s"
+            )
 
         overrides = {}
         for queue, policy in dict(self.queue_retention_overrides).items():

@@ -31,6 +31,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -111,6 +112,78 @@ class UniqueViolation(QueryError):
     """SQLSTATE 23505: a unique constraint (or Awa's unique-claim check) refused a row."""
 
 
+class LockTimeout(QueryError):
+    """SQLSTATE 55P03: a lock wait ran into ``lock_timeout`` and the statement
+    gave up (its transaction rolled back, so it holds nothing). For a
+    maintenance branch this is a yield, not a failure: someone else (an
+    operator's DDL, a long transaction) holds the lock, and the branch tries
+    again at its next tick. ``relation`` is the table it waited for, when the
+    server's report names it (None otherwise)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sqlstate: str | None = None,
+        relation: str | None = None,
+        sql: str | None = None,
+    ):
+        super().__init__(message, sqlstate=sqlstate)
+        self.relation = relation
+        #: The statement that waited (for :func:`find_lock_holder`).
+        self.sql = sql
+
+
+# A row-lock wait names its table in the error context ('while locking tuple
+# (0,1) in relation "jobs_hot"'); a table-lock wait points at it in the text.
+_CONTEXT_RELATION = re.compile(r'relation "([^"]+)"')
+_NAME_AT = re.compile(r'(?:"[^"]+"|[A-Za-z_][A-Za-z0-9_$]*)(?:\.(?:"[^"]+"|[A-Za-z_][A-Za-z0-9_$]*))?')
+
+
+#: Tables another session holds ACCESS EXCLUSIVE (the lock DDL takes).
+EXCLUSIVE_HOLDERS_SQL = """
+    SELECT DISTINCT n.nspname, c.relname
+    FROM pg_locks l
+    JOIN pg_class c ON c.oid = l.relation
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE l.locktype = 'relation' AND l.granted AND l.mode = 'AccessExclusiveLock'
+      AND l.pid <> pg_backend_pid()
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    ORDER BY 1, 2
+"""
+
+
+async def find_lock_holder(db: Database, exc: LockTimeout) -> str | None:
+    """The table a lock timeout waited for, when the server's report did not
+    say (a prepared statement takes its table locks without a text position):
+    the tables named in the statement that another session holds ACCESS
+    EXCLUSIVE now. One query, only for the first yield of an episode."""
+    if exc.relation is not None or not exc.sql:
+        return exc.relation
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_$]*", exc.sql))
+    with trio.move_on_after(1.0):
+        try:
+            rows = await db.fetch(EXCLUSIVE_HOLDERS_SQL)
+        except DatabaseError:
+            return None
+        named = [f"{row[0]}.{row[1]}" for row in rows if row[1] in words]
+        return ", ".join(named) or None
+    return None
+
+
+def _waited_relation(exc: BaseException, sql: str | None) -> str | None:
+    """The table a lock timeout waited for, from the server's report."""
+    match = _CONTEXT_RELATION.search(getattr(exc, "context", None) or "")
+    if match:
+        return match.group(1)
+    position = getattr(exc, "position", None)
+    if sql and position and str(position).isdigit():
+        name = _NAME_AT.match(sql, int(position) - 1)
+        if name:
+            return name.group().replace('"', "")
+    return None
+
+
 #: SQLSTATE classes of a statement refused because of the rows it touched
 #: (data exceptions, integrity constraints, errors raised by triggers), as
 #: opposed to the statement, the session or a lock.
@@ -144,7 +217,7 @@ def describe_error(exc: DatabaseError) -> str:
     return f"[{exc.sqlstate}] {exc}" if exc.sqlstate else str(exc)
 
 
-def translate_error(exc: BaseException) -> DatabaseError | None:
+def translate_error(exc: BaseException, sql: str | None = None) -> DatabaseError | None:
     """Map an error raised inside the driver to our types; None for what is
     not a driver error (trio's cancellation, KeyboardInterrupt, SystemExit).
 
@@ -171,6 +244,8 @@ def translate_error(exc: BaseException) -> DatabaseError | None:
             return ConnectionLost(message, sqlstate=sqlstate)
         if sqlstate == UNIQUE_VIOLATION:
             return UniqueViolation(message, sqlstate=sqlstate, constraint=constraint)
+        if sqlstate == LOCK_NOT_AVAILABLE:
+            return LockTimeout(message, sqlstate=sqlstate, relation=_waited_relation(exc, sql), sql=sql)
         return QueryError(message, sqlstate=sqlstate, constraint=constraint)
     if isinstance(exc, asyncpg.exceptions.DataError):
         # Client-side: an argument asyncpg could not encode. The session is fine.
@@ -279,10 +354,12 @@ class _Pool:
         connect_kwargs: dict[str, Any],
         max_size: int,
         idle_lifetime: float,
+        statement_lock_timeout: str | None = None,
     ):
         self._loop = loop
         self._dsn = dsn
         self._connect_kwargs = connect_kwargs
+        self.statement_lock_timeout = statement_lock_timeout
         self._free_slots = trio.Semaphore(max(1, max_size))
         #: (connection, trio time it came back), oldest first.
         self._idle: list[tuple[asyncpg.Connection, float]] = []
@@ -296,9 +373,19 @@ class _Pool:
         self._discard, self._discarded = trio.open_memory_channel[asyncpg.Connection](math.inf)
 
     async def connect(self) -> asyncpg.Connection:
-        return await _connect(
-            self._loop, self._dsn, self._connect_kwargs, transaction_pooled=self.transaction_pooled
-        )
+        kwargs = self._connect_kwargs
+        if self.statement_lock_timeout is not None:
+            # A session setting here (no round trip per statement); behind a
+            # transaction-mode pooler, per transaction (transaction_lock_timeout).
+            settings = dict(kwargs.get("server_settings", {}), lock_timeout=self.statement_lock_timeout)
+            kwargs = dict(kwargs, server_settings=settings)
+        return await _connect(self._loop, self._dsn, kwargs, transaction_pooled=self.transaction_pooled)
+
+    @property
+    def transaction_lock_timeout(self) -> str | None:
+        """The ``lock_timeout`` each transaction sets for itself: behind a
+        transaction-mode pooler a session setting would not stay with us."""
+        return self.statement_lock_timeout if self.transaction_pooled else None
 
     async def acquire(self) -> asyncpg.Connection:
         if self._closed:
@@ -404,12 +491,22 @@ def _setting_value(value: str) -> str:
 class Connection:
     """One asyncpg connection; every call crosses the bridge."""
 
-    def __init__(self, raw: asyncpg.Connection, loop: trio_asyncio.TrioEventLoop):
+    def __init__(
+        self,
+        raw: asyncpg.Connection,
+        loop: trio_asyncio.TrioEventLoop,
+        *,
+        transaction_lock_timeout: str | None = None,
+    ):
         self._raw = raw
         self._loop = loop
         self._manual_transaction = False
         self._committed = False
         self._backend_pid: int | None = None
+        self._savepoints = 0
+        #: SET LOCAL in every outermost transaction (with its BEGIN, no round
+        #: trip of its own); a statement outside one gets a transaction of its own.
+        self._transaction_lock_timeout = transaction_lock_timeout
 
     async def _call(self, func: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
         try:
@@ -424,12 +521,18 @@ class Connection:
                 _terminate(self._raw)
             raise
 
+    async def _statement(self, func: Callable[..., Awaitable[Any]], sql: str, *args: Any) -> Any:
+        if self._transaction_lock_timeout is not None and not self._raw.is_in_transaction():
+            async with self.transaction():
+                return await self._call(func, sql, *args)
+        return await self._call(func, sql, *args)
+
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
-        result: list[asyncpg.Record] = await self._call(self._raw.fetch, sql, *args)
+        result: list[asyncpg.Record] = await self._statement(self._raw.fetch, sql, *args)
         return result
 
     async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
-        return await self._call(self._raw.fetchrow, sql, *args)
+        return await self._statement(self._raw.fetchrow, sql, *args)
 
     async def fetchone(self, sql: str, *args: Any) -> asyncpg.Record:
         """The row of a statement that always returns exactly one (an
@@ -438,10 +541,10 @@ class Connection:
         return _the_row(await self.fetchrow(sql, *args), sql)
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
-        return await self._call(self._raw.fetchval, sql, *args)
+        return await self._statement(self._raw.fetchval, sql, *args)
 
     async def execute(self, sql: str, *args: Any) -> str:
-        result: str = await self._call(self._raw.execute, sql, *args)
+        result: str = await self._statement(self._raw.execute, sql, *args)
         return result
 
     @property
@@ -499,7 +602,13 @@ class Connection:
         ``local_settings`` (``SET LOCAL`` for this transaction only; names and
         values are our own constants, never user input), sent with the BEGIN
         in one simple-protocol round trip. Such a transaction may end with
-        :meth:`commit_with`."""
+        :meth:`commit_with`. Nested inside one, it is a savepoint."""
+        if self._manual_transaction:
+            async with self._savepoint():
+                yield self
+            return
+        if self._transaction_lock_timeout is not None and not self._raw.is_in_transaction():
+            local_settings = {"lock_timeout": self._transaction_lock_timeout, **(local_settings or {})}
         self._committed = False
         if local_settings:
             begin = "BEGIN" + (f" ISOLATION LEVEL {_ISOLATION_SQL[isolation]}" if isolation else "")
@@ -532,6 +641,28 @@ class Connection:
                     await self._call(commit)
         finally:
             self._manual_transaction = False
+
+    @asynccontextmanager
+    async def _savepoint(self) -> AsyncIterator[None]:
+        """A nested transaction inside one opened with our own BEGIN
+        (asyncpg's own nesting only works under its own)."""
+        self._savepoints += 1
+        name = f"awa_trio_savepoint_{self._savepoints}"
+        try:
+            await self._call(self._raw.execute, f"SAVEPOINT {name}")
+            try:
+                yield
+            except BaseException:
+                with trio.move_on_after(CLEANUP_TIMEOUT, shield=True):
+                    try:
+                        await self._call(self._raw.execute, f"ROLLBACK TO SAVEPOINT {name}")
+                    except DatabaseError as exc:
+                        log.debug("rollback to savepoint failed: %s", exc)
+                raise
+            else:
+                await self._call(self._raw.execute, f"RELEASE SAVEPOINT {name}")
+        finally:
+            self._savepoints -= 1
 
     async def commit_with(self, sql: str) -> None:
         """Send ``sql`` (statements without parameters, ending in COMMIT) in
@@ -652,7 +783,7 @@ async def _bridge(
     except (trio.Cancelled, KeyboardInterrupt, SystemExit):
         raise
     except (Exception, asyncio.CancelledError) as exc:
-        translated = translate_error(exc)
+        translated = translate_error(exc, args[0] if args and isinstance(args[0], str) else None)
         if translated is None or translated is exc:
             raise
         if not isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError)):
@@ -722,7 +853,8 @@ class Database:
         raw = await self._pool.acquire()
         clean = False
         try:
-            result = await Connection(raw, self._loop)._call(getattr(raw, method), sql, *args)
+            conn = Connection(raw, self._loop, transaction_lock_timeout=self._pool.transaction_lock_timeout)
+            result = await conn._statement(getattr(raw, method), sql, *args)
             clean = True
             return result
         except QueryError:
@@ -764,7 +896,7 @@ class Database:
         raw = await self._pool.acquire()
         clean = False
         try:
-            yield Connection(raw, self._loop)
+            yield Connection(raw, self._loop, transaction_lock_timeout=self._pool.transaction_lock_timeout)
             clean = True
         except QueryError:
             clean = True
@@ -833,7 +965,12 @@ class Database:
             raise ConnectionLost(
                 "no direct URL for a session behind a transaction-mode pooler (set lock_database_url)"
             )
-        conn = await self.connect_dedicated(application_name=application_name, dsn=self._session_dsn)
+        lock_timeout = self._pool.statement_lock_timeout
+        conn = await self.connect_dedicated(
+            application_name=application_name,
+            dsn=self._session_dsn,
+            server_settings=None if lock_timeout is None else {"lock_timeout": lock_timeout},
+        )
         try:
             yield conn
         finally:
@@ -851,12 +988,18 @@ async def open_database(
     *,
     pool_size: int = 8,
     lock_timeout: float | None = None,
+    statement_lock_timeout: float | None = None,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     application_name: str = APPLICATION_NAME,
     idle_connection_lifetime: float = IDLE_CONNECTION_LIFETIME,
 ) -> AsyncIterator[Database]:
     """Open the trio-asyncio loop and an asyncpg pool; close both on exit.
     A pooled connection left idle for ``idle_connection_lifetime`` is closed.
+
+    ``lock_timeout`` is the session setting of every connection;
+    ``statement_lock_timeout`` replaces it for the pool's (the statements
+    maintenance runs): a session setting on a direct connection, set per
+    transaction behind a transaction-mode pooler.
 
     Raises :class:`ConnectionLost` for an unreachable server and
     :class:`QueryError` for a server that refuses us (bad database, role).
@@ -879,8 +1022,11 @@ async def open_database(
     if lock_timeout is not None:
         settings["lock_timeout"] = f"{int(lock_timeout * 1000)}ms"
     connect_kwargs: dict[str, Any] = {"timeout": connect_timeout, "server_settings": settings}
+    pool_lock_timeout = None if statement_lock_timeout is None else milliseconds(statement_lock_timeout)
     try:
-        async with _open_database(dsn, pool_size, idle_connection_lifetime, connect_kwargs) as database:
+        async with _open_database(
+            dsn, pool_size, idle_connection_lifetime, connect_kwargs, pool_lock_timeout
+        ) as database:
             yield database
     except BaseExceptionGroup as group:
         # trio-asyncio's loop runs in a nursery of its own, which wraps whatever
@@ -890,6 +1036,11 @@ async def open_database(
         if sole is None:
             raise
         raise sole from sole.__cause__
+
+
+def milliseconds(seconds: float) -> str:
+    """A duration as a PostgreSQL setting value, at least 1 ms (0 would mean none)."""
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def _log_orphaned_error(loop: Any, context: dict[str, Any]) -> None:
@@ -961,12 +1112,16 @@ def _run_wakes_inline(loop: trio_asyncio.TrioEventLoop) -> None:
 
 @asynccontextmanager
 async def _open_database(
-    dsn: str, pool_size: int, idle_connection_lifetime: float, connect_kwargs: dict[str, Any]
+    dsn: str,
+    pool_size: int,
+    idle_connection_lifetime: float,
+    connect_kwargs: dict[str, Any],
+    statement_lock_timeout: str | None = None,
 ) -> AsyncIterator[Database]:
     async with trio_asyncio.open_loop() as loop:
         loop.set_exception_handler(_log_orphaned_error)
         _run_wakes_inline(loop)
-        pool = _Pool(loop, dsn, connect_kwargs, pool_size, idle_connection_lifetime)
+        pool = _Pool(loop, dsn, connect_kwargs, pool_size, idle_connection_lifetime, statement_lock_timeout)
         try:
             # Before any statement of the pool's: behind a transaction-mode
             # pooler even the first must go without a statement cache. The

@@ -17,7 +17,15 @@ from typing import Any
 import trio
 
 from .config import MaintenanceConfig
-from .db import Database, DatabaseError, QueryError, describe_error, open_database
+from .db import (
+    Database,
+    DatabaseError,
+    LockTimeout,
+    QueryError,
+    describe_error,
+    find_lock_holder,
+    open_database,
+)
 from .errors import UnsupportedSchema
 from .grants import missing_privileges
 from .leadership import LOCK_KEY, unwritable_reason
@@ -57,6 +65,10 @@ DUE_GRACE = 60.0
 #: deadlines compared across hosts drift; past 30 s rescues fire early or late.
 SKEW_WARNING = 1.0
 SKEW_CRITICAL = 30.0
+#: A lock that maintenance statements cannot share (an operator's DDL, an
+#: explicit LOCK TABLE) held this long on an awa table: every branch that
+#: needs the table yields at each tick (statement_lock_timeout) until it ends.
+DDL_LOCK_WARNING = 2 * 60.0
 #: How long the NOTIFY round trip may take.
 NOTIFY_TIMEOUT = 2.0
 
@@ -349,6 +361,52 @@ async def check_horizon(
     )
 
 
+async def check_ddl_locks(
+    db: Database, info: SchemaInfo | None, warning: float = DDL_LOCK_WARNING
+) -> Finding:
+    """Repeated yields, seen from their cause: a transaction that has held
+    a lock maintenance cannot share, on an awa table, for minutes. (The
+    yields themselves are counted in the leader's metrics, which the
+    doctor, a client of the database only, cannot read.)"""
+    schemas = sorted({"awa", info.queue_storage_schema if info is not None else "awa"})
+    rows = await db.fetch(DDL_LOCKS_SQL, schemas, warning)
+    if not rows:
+        return Finding("ddl_locks", OK, "no session has held an exclusive lock on an awa table for long")
+    first = rows[0]
+    who = f"pid {first['pid']} {first['application_name'] or '?'} ({first['state']})"
+    relations = sorted({row["relation"] for row in rows})
+    shown = ", ".join(relations[:5]) + (f" and {len(relations) - 5} more" if len(relations) > 5 else "")
+    return Finding(
+        "ddl_locks",
+        WARNING,
+        f"{who} has held {first['mode']} on {shown} for {first['age']:.0f}s",
+        "maintenance gives way to it: every branch that needs these tables yields each tick "
+        "(awa_trio_branch_yields_total) until that transaction ends",
+        f"let the migration finish, or end that transaction (SELECT pg_terminate_backend({first['pid']}))",
+        {"pid": first["pid"], "relations": relations, "age_seconds": round(float(first["age"]), 1)},
+    )
+
+
+#: Granted relation locks that conflict with what maintenance takes (SHARE
+#: and stronger block its writes, ACCESS EXCLUSIVE its reads too), on tables
+#: of the awa schemas, in transactions older than the threshold.
+DDL_LOCKS_SQL = """
+    SELECT l.pid, a.application_name, a.state, l.mode,
+           format('%I.%I', n.nspname, c.relname) AS relation,
+           extract(epoch FROM now() - a.xact_start)::float8 AS age
+    FROM pg_locks l
+    JOIN pg_stat_activity a ON a.pid = l.pid
+    JOIN pg_class c ON c.oid = l.relation
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+      AND n.nspname = ANY($1::text[])
+      AND a.xact_start < now() - make_interval(secs => $2)
+    ORDER BY a.xact_start, relation
+"""
+
+
 async def check_backlogs(
     db: Database, info: SchemaInfo, config: MaintenanceConfig, due_grace: float = DUE_GRACE
 ) -> list[Finding]:
@@ -509,6 +567,7 @@ async def collect_findings(
     due_grace: float = DUE_GRACE,
     periodic_jobs: int = 0,
     periodic_from: Sequence[str] = (),
+    ddl_lock_warning: float = DDL_LOCK_WARNING,
 ) -> list[Finding]:
     """Every check, in order of priority; ``db`` should be a one-connection
     pool so that the horizon check excludes the doctor's own session."""
@@ -519,11 +578,12 @@ async def collect_findings(
     findings.append(await _guarded("leader", check_leader(db)))
     findings.append(await _guarded("mvcc_horizon", check_horizon(db, horizon_warning, horizon_critical)))
     findings.append(await _guarded("instances", check_instances(db)))
+    findings.append(await _guarded("ddl_locks", check_ddl_locks(db, info, ddl_lock_warning)))
     if info is not None:
         try:
             findings.extend(await check_backlogs(db, info, config, due_grace))
         except QueryError as exc:
-            findings.append(_refused("backlogs", exc))
+            findings.append(await _refused_after(db, "backlogs", exc))
     findings.append(await _guarded("clock_skew", check_clock(db)))
     findings.append(await _guarded("notify", check_notify(db)))
     if info is not None:
@@ -546,7 +606,21 @@ async def _guarded(check: str, run: Awaitable[Finding]) -> Finding:
         return _refused(check, exc)
 
 
+async def _refused_after(db: Database, check: str, exc: QueryError) -> Finding:
+    if isinstance(exc, LockTimeout):
+        exc.relation = await find_lock_holder(db, exc)
+    return _refused(check, exc)
+
+
 def _refused(check: str, exc: QueryError) -> Finding:
+    if isinstance(exc, LockTimeout):
+        return Finding(
+            check,
+            WARNING,
+            f"the check gave way to a lock on {exc.relation or 'a table'} held by another session",
+            "its part of the database is not known to be healthy",
+            "run the doctor again once the migration (see ddl_locks) has finished",
+        )
     return Finding(
         check,
         WARNING,
@@ -569,7 +643,12 @@ async def run_doctor(
     periodic_from: Sequence[str] = (),
 ) -> int:
     try:
-        async with open_database(database_url, pool_size=1, application_name="awa_trio doctor") as db:
+        # Its reads give way to a migration as maintenance's do (a doctor
+        # run must never be the reason a deploy fails, nor hang behind one).
+        lock_timeout = (config or MaintenanceConfig()).statement_lock_timeout
+        async with open_database(
+            database_url, pool_size=1, application_name="awa_trio doctor", statement_lock_timeout=lock_timeout
+        ) as db:
             findings = await collect_findings(
                 db, config, periodic_jobs=periodic_jobs, periodic_from=periodic_from
             )

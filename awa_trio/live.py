@@ -24,7 +24,14 @@ if TYPE_CHECKING:
 
 #: Settings read once, when the service starts: a reload that changes them
 #: keeps the running value and says a restart is needed.
-RESTART_ONLY_FIELDS = ("pool_size", "lock_timeout", "hook_timeout", "hook_concurrency", "hook_queue_size")
+RESTART_ONLY_FIELDS = (
+    "pool_size",
+    "lock_timeout",
+    "statement_lock_timeout",
+    "hook_timeout",
+    "hook_concurrency",
+    "hook_queue_size",
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,10 +43,11 @@ JOB_DLQ_PURGED = "awa.job.dlq_purged"
 JOB_DLQ_DEPTH = "awa.job.dlq_depth"
 
 # awa_trio's own (Prometheus: awa_trio_leader, awa_trio_term_started_seconds,
-# awa_trio_branch_errors_total).
+# awa_trio_branch_errors_total, awa_trio_branch_yields_total).
 TRIO_LEADER = "awa_trio.leader"
 TRIO_TERM_STARTED = "awa_trio.term_started"
 TRIO_BRANCH_ERRORS = "awa_trio.branch.errors"
+TRIO_BRANCH_YIELDS = "awa_trio.branch.yields"
 TRIO_BRANCH_PAUSED = "awa_trio.branch.paused"
 TRIO_CONFIG_GENERATION = "awa_trio.config.generation"
 TRIO_PROMOTE_LATENESS = "awa_trio.promote.lateness"
@@ -221,6 +222,12 @@ class MaintenanceMetrics:
             description="Seconds from a job's run_at to its promotion (batches), by state",
             explicit_bucket_boundaries_advisory=LATENESS_BUCKETS_SECONDS,
         )
+        self.branch_yields = meter.create_counter(
+            TRIO_BRANCH_YIELDS,
+            unit="{yield}",
+            description="Branch bodies that gave up a lock wait after statement_lock_timeout "
+            "(someone else's lock, e.g. an operator's DDL) and retry at the next tick, by branch",
+        )
         #: Set by the service: () -> (is_leader, unix time the term started or None).
         self._leadership: Callable[[], tuple[bool, float | None]] | None = None
         meter.create_observable_gauge(
@@ -294,6 +301,9 @@ class MaintenanceMetrics:
 
     def record_branch_error(self, branch: str) -> None:
         self.branch_errors.add(1, {ATTR_BRANCH: branch})
+
+    def record_branch_yield(self, branch: str) -> None:
+        self.branch_yields.add(1, {ATTR_BRANCH: branch})
 
     def observe_leadership(self, source: Callable[[], tuple[bool, float | None]]) -> None:
         self._leadership = source

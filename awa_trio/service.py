@@ -466,6 +466,7 @@ class MaintenanceService:
                 self.database_url,
                 pool_size=self.config.pool_size,
                 lock_timeout=self.config.lock_timeout,
+                statement_lock_timeout=self.config.statement_lock_timeout,
             ) as db:
                 self._db = db
                 schema = self._checked_schema = await check_schema(db)

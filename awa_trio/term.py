@@ -27,7 +27,7 @@ import trio
 
 from .branch import BranchSlot, BranchSpec, supervise_branch
 from .context import MaintenanceContext
-from .db import DatabaseError
+from .db import DatabaseError, LockTimeout
 from .errors import UnsupportedSchema
 from .grants import warn_about_missing_privileges
 from .live import LiveSettings
@@ -211,6 +211,10 @@ async def watch_schema(ctx: MaintenanceContext, term: LeaderTerm | None = None) 
         await trio.sleep(period)
         try:
             info = await check_schema_unchanged(ctx, known)
+        except LockTimeout as exc:
+            # A migration holds the schema's tables: give way, as the branches do.
+            log.info("schema check yielded to a lock on %s (will retry)", exc.relation or "a table")
+            continue
         except DatabaseError as exc:
             log.warning("schema check failed (will retry): %s", exc)
             continue

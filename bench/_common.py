@@ -222,11 +222,14 @@ async def wait_for_output(process: asyncio.subprocess.Process, marker: str, time
     await asyncio.wait_for(read(), timeout)
 
 
-async def drain_output(process: asyncio.subprocess.Process) -> None:
-    """Reads a child's output to the end, so its pipe never fills."""
+async def drain_output(process: asyncio.subprocess.Process, keep: list[str] | None = None,
+                       marker: str = "") -> None:
+    """Reads a child's output to the end, so its pipe never fills; lines
+    containing ``marker`` go to ``keep``."""
     assert process.stdout is not None
-    while await process.stdout.readline():
-        pass
+    while line := await process.stdout.readline():
+        if keep is not None and marker in (text := line.decode(errors="replace")):
+            keep.append(text)
 
 
 async def stop_process(process: asyncio.subprocess.Process) -> None:

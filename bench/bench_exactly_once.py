@@ -274,7 +274,9 @@ async def run_one(kind: str, args) -> dict:
             await conn.close()
         leader = await start_leader(kind, dsn, role, args.short_intervals)
         processes.append(leader)
-        drains.append(asyncio.ensure_future(_common.drain_output(leader)))
+        # awa_trio logs the first yield of each episode (statement_lock_timeout).
+        yields: list[str] = []
+        drains.append(asyncio.ensure_future(_common.drain_output(leader, yields, ": yielded to a lock")))
         worker = await _common.start_process(*worker_command(as_role(dsn, "worker"), QUEUES, role=role))
         processes.append(worker)
         await _common.wait_for_output(worker, "READY")
@@ -295,8 +297,13 @@ async def run_one(kind: str, args) -> dict:
             live = await conn.fetchval(LIVE_COUNT_SQL, list(LIVE_STATES))
         finally:
             await conn.close()
+        if yields:
+            by_branch = collections.Counter(line.split(" yielded to a lock on ")[0].rsplit(" ", 1)[-1] + " on "
+                                            + line.split(" yielded to a lock on ")[1].split(" held by")[0]
+                                            for line in yields)
+            print(f"{kind} yield episodes: {dict(by_branch)}")
         return {"leader": kind, "producer": producer, "sampler": sampler, "verdict": verdict, "live": live,
-                "leader_cpu": leader_cpu}
+                "leader_cpu": leader_cpu, "yields": len(yields)}
     finally:
         for process in processes:
             await _common.stop_process(process)
@@ -333,6 +340,7 @@ def report(results: list[dict], args) -> None:
     row("samples: producer waits on leader",
         lambda r: r["sampler"].share(r["sampler"].producer_waits_on_leader))
     row("samples: producer statement active", lambda r: r["sampler"].share(r["sampler"].producer_active))
+    row("leader yield episodes (statement_lock_timeout)", lambda r: str(r["yields"]))
     row("leader process CPU (load window)", lambda r: f"{r['leader_cpu']:.1f} s")
     for role in ("leader", "producer", "worker"):
         row(f"server CPU of {role} backends", lambda r, role=role: f"{r['sampler'].server_cpu(role):.1f} s")

@@ -10,6 +10,7 @@ import sys
 import trio
 from test_grants import as_role, role  # noqa: F401  (the fixture)
 
+from awa_trio.db import open_database
 from awa_trio.doctor import CRITICAL, OK, WARNING, collect_findings, exit_code
 from awa_trio.leadership import LOCK_KEY
 
@@ -163,4 +164,37 @@ async def test_queue_storage_database_with_a_leader_is_healthy(qs_database_url, 
         assert [f for f in findings if f.severity != OK] == []
         assert exit_code(findings) == 0
     finally:
+        await conn.close()
+
+
+async def test_a_long_held_exclusive_lock_on_an_awa_table_is_a_warning(database_url, db):
+    """Repeated yields, seen from their cause: a migration's transaction
+    holding ACCESS EXCLUSIVE on an awa table; and a leader beside it yields
+    (counted, logged at INFO) instead of failing."""
+    conn = await hold_lock(db)
+    migration = await db.connect_dedicated(application_name="migration")
+    try:
+        async with open_database(database_url, pool_size=1, statement_lock_timeout=0.1) as doctor_db:
+            findings = await collect_findings(doctor_db, ddl_lock_warning=0.1)
+            assert by_check(findings)["ddl_locks"].severity == OK
+            await migration.execute("BEGIN")
+            await migration.execute("ALTER TABLE awa.scheduled_jobs ADD COLUMN ddl_probe integer")
+            await trio.sleep(0.3)
+            findings = await collect_findings(doctor_db, ddl_lock_warning=0.1)
+            ddl = by_check(findings)["ddl_locks"]
+            assert ddl.severity == WARNING, ddl
+            assert ddl.details["pid"] == migration.backend_pid
+            assert "awa.scheduled_jobs" in ddl.details["relations"]
+            assert "AccessExclusiveLock" in ddl.summary and "migration" in ddl.summary
+            # The doctor's own reads of that table gave way instead of hanging.
+            backlogs = by_check(findings)["backlogs"]
+            assert "gave way to a lock on awa.scheduled_jobs" in backlogs.summary, backlogs
+            # Not yet "for minutes" by the default threshold.
+            assert by_check(await collect_findings(doctor_db))["ddl_locks"].severity == OK
+            await migration.execute("ROLLBACK")
+            assert (
+                by_check(await collect_findings(doctor_db, ddl_lock_warning=0.1))["ddl_locks"].severity == OK
+            )
+    finally:
+        await migration.close()
         await conn.close()

@@ -23,7 +23,7 @@ from support.probes import BodyRecorder
 from support.takeover import backend_pids, terminate_backends
 
 from awa_trio import MaintenanceConfig, MaintenanceService
-from awa_trio.db import ConnectionLost, DatabaseError, QueryError, open_database, translate_error
+from awa_trio.db import ConnectionLost, DatabaseError, LockTimeout, QueryError, open_database, translate_error
 from awa_trio.leadership import LOCK_KEY
 
 #: Delays (s) between pg_terminate_backend returning and the next statement:
@@ -76,8 +76,10 @@ def test_every_driver_error_class_maps_to_a_typed_database_error():
         assert mapped(cls) is ConnectionLost, cls
     # The statement failed, the session is fine.
     for cls in (E.DataError, E.OutdatedSchemaCacheError, E.InterfaceWarning, E.PostgresWarning,
-                E.DivisionByZeroError, E.LockNotAvailableError, E.QueryCanceledError):
+                E.DivisionByZeroError, E.QueryCanceledError):
         assert mapped(cls) is QueryError, cls
+    # A lock timeout is a QueryError of its own: a branch yields on it.
+    assert mapped(E.LockNotAvailableError) is LockTimeout
     # A server error keeps its SQLSTATE.
     assert translate_error(E.SerializationError("x")).sqlstate == "40001"
     # Trio's own cancellation and interpreter exits are not driver errors.

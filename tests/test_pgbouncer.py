@@ -167,3 +167,31 @@ async def test_the_cli_refuses_a_transaction_pooler_in_one_line_and_leads_with_a
                 await process.wait()
     assert process.returncode == 0, logs.decode()
     assert "released maintenance leader lock" in logs.decode()
+
+
+async def test_statement_lock_timeout_holds_per_transaction_behind_a_transaction_pooler(
+    database_url, db, transaction_pooler
+):
+    """Behind a transaction-mode pooler no session setting stays with us:
+    every transaction, and every statement outside one, sets lock_timeout
+    for itself, in its BEGIN's round trip; a session-level SET by another
+    client of the pooler changes nothing."""
+    from awa_trio.db import LockTimeout, open_database
+
+    pooled = transaction_pooler.url(database_url)
+    async with open_database(pooled, pool_size=2, statement_lock_timeout=0.07) as maintenance:
+        assert maintenance.transaction_pooled
+        assert await maintenance.fetchval("SHOW lock_timeout") == "70ms"
+        async with maintenance.transaction() as conn:
+            assert await conn.fetchval("SHOW lock_timeout") == "70ms"
+            async with conn.transaction():  # a savepoint inside our own BEGIN
+                assert await conn.fetchval("SHOW lock_timeout") == "70ms"
+        async with maintenance.acquire() as conn:
+            assert await conn.fetchval("SHOW lock_timeout") == "70ms"
+        async with db.transaction() as ddl:
+            await ddl.execute("LOCK TABLE awa.scheduled_jobs IN ACCESS EXCLUSIVE MODE")
+            started = trio.current_time()
+            with pytest.raises(LockTimeout) as waited:
+                await maintenance.fetchval("SELECT count(*) FROM awa.scheduled_jobs")
+            assert trio.current_time() - started < 1.0
+        assert waited.value.relation == "awa.scheduled_jobs"

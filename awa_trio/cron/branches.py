@@ -39,7 +39,7 @@ import trio
 from ..branch import BranchSpec
 from ..config import MaintenanceConfig
 from ..context import MaintenanceContext
-from ..db import Database, DatabaseError, describe_error, is_row_data_error
+from ..db import Database, DatabaseError, LockTimeout, describe_error, is_row_data_error
 from .expressions import CronExpressionError
 from .fire_times import (
     CATCH_UP_LIMIT,
@@ -98,6 +98,8 @@ async def sync_periodic_jobs(ctx: MaintenanceContext) -> CronSyncResult:
     for job in ctx.periodic_jobs:
         try:
             inserted = await upsert_cron_job(ctx.db, job)
+        except LockTimeout:
+            raise  # a yield: the branch retries at its next tick
         except DatabaseError as exc:
             result.failed += 1
             log.error("%s: failed to sync periodic job %r: %s", CRON_SYNC, job.name, exc)
@@ -274,6 +276,8 @@ async def _enqueue_in_order(
     for fire in fires:
         try:
             job_id = await atomic_enqueue(db, row.name, fire, previous)
+        except LockTimeout:
+            raise  # a yield: the branch retries at its next tick
         except DatabaseError as exc:
             result.failed.append(row.name)
             message = "%s: failed to enqueue periodic job %r for fire time %s: %s"

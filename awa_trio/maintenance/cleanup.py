@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..context import MaintenanceContext
-from ..db import QueryError, rows_affected
+from ..db import LockTimeout, QueryError, rows_affected
 from ..sql import Statement
 from .drain import BatchOutcome, DrainBudget, DrainOutcome, drain
 
@@ -245,6 +245,8 @@ async def delete_step(
     so the remaining steps still run; ConnectionLost propagates."""
     try:
         status = await ctx.db.execute(*statement.bind(**values))
+    except LockTimeout:
+        raise  # a yield: the branch retries at its next tick
     except QueryError as exc:
         log_failed_step(result, step, exc)
         return None

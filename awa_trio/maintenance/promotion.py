@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import trio
 
 from ..context import MaintenanceContext
-from ..db import ConnectionLost, Database, DatabaseError, UniqueViolation, describe_error
+from ..db import ConnectionLost, Database, DatabaseError, LockTimeout, UniqueViolation, describe_error
 from ..jobs import JobRow
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,8 @@ async def promote_due(
         await _promote_state(ctx, name, state, promote_state, result)
     try:
         due = await ctx.db.fetchone(due_check_sql)
+    except LockTimeout:
+        raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
         log.error("%s: failed to promote due jobs (due check): %s", name, describe_error(exc))
         return result
@@ -149,6 +151,8 @@ async def _promote_state(
     before = result.promoted.get(state, 0)
     try:
         await promote_state(state, result)
+    except LockTimeout:
+        raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
         # A failure for one state must not keep the other one waiting.
         log.error("%s: failed to promote %s jobs: %s", name, state, describe_error(exc))
@@ -193,6 +197,8 @@ async def promote_row_by_row(
                 exc,
             )
             break
+        except LockTimeout:
+            raise  # a yield: the branch retries at its next tick
         except DatabaseError as exc:
             log.error(
                 "%s: promoting %s job %d failed; skipping it: %s", name, state, job_id, describe_error(exc)

@@ -28,7 +28,7 @@ import logging
 from typing import Any
 
 from ...context import MaintenanceContext
-from ...db import QueryError
+from ...db import LockTimeout, QueryError
 from ...maintenance.cleanup import (
     NAME,
     CleanupResult,
@@ -145,6 +145,8 @@ async def _drain_jobs_step(
         nonlocal cursor
         try:
             row = await ctx.db.fetchone(*statement.bind(**values, limit=batch_size, cursor=cursor))
+        except LockTimeout:
+            raise  # a yield: the branch retries at its next tick
         except QueryError as exc:
             log_failed_step(result, step, exc)
             return None

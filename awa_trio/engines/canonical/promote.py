@@ -25,7 +25,7 @@ import logging
 import trio
 
 from ...context import MaintenanceContext
-from ...db import DatabaseError, QueryError, UniqueViolation, describe_error, row_level_refusal
+from ...db import DatabaseError, LockTimeout, QueryError, UniqueViolation, describe_error, row_level_refusal
 from ...hooks import JobCancelled
 from ...jobs import JOB_COLUMNS, JobRow
 from ...maintenance.promotion import (
@@ -265,6 +265,8 @@ async def cancel_duplicate(ctx: MaintenanceContext, state: str, job_id: int, res
         )
         result.skipped.append(job_id)
         return
+    except LockTimeout:
+        raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
         log.error(
             "%s: cancelling duplicate %s job %d failed; skipping it: %s",

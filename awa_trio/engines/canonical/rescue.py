@@ -52,6 +52,7 @@ from ...db import (
     Connection,
     ConnectionLost,
     DatabaseError,
+    LockTimeout,
     QueryError,
     UniqueViolation,
     describe_error,
@@ -317,6 +318,8 @@ async def rescue_row_by_row(
                 exc,
             )
             return position
+        except LockTimeout:
+            raise  # a yield: the branch retries at its next tick
         except DatabaseError as exc:
             log.error("%s: rescue of job %d failed; skipping it: %s", sweep.name, job_id, exc)
             result.skipped.append(job_id)
@@ -350,6 +353,8 @@ async def cancel_duplicate(
         )
         result.skipped.append(job_id)
         return
+    except LockTimeout:
+        raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
         log.error("%s: cancelling duplicate job %d failed; skipping it: %s", sweep.name, job_id, exc)
         result.skipped.append(job_id)

@@ -39,7 +39,7 @@ import logging
 from typing import Any
 
 from ...context import MaintenanceContext
-from ...db import QueryError, describe_error, rows_affected
+from ...db import LockTimeout, QueryError, describe_error, rows_affected
 from ...maintenance.cleanup import (
     NAME,
     CleanupResult,
@@ -141,6 +141,8 @@ async def purge_pass(
             status = await ctx.db.execute(
                 *statement.bind(schema, retention=retention, batch_size=batch_size, **scope)
             )
+        except LockTimeout:
+            raise  # a yield: the branch retries at its next tick
         except QueryError as exc:
             log.error("%s: failed to purge %s: %s", NAME, step, describe_error(exc))
             result.failed_steps.append(step)

@@ -94,7 +94,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ...context import MaintenanceContext
-from ...db import Connection, ConnectionLost, QueryError, UniqueViolation, describe_error
+from ...db import Connection, ConnectionLost, LockTimeout, QueryError, UniqueViolation, describe_error
 from ...hooks import RescueReason
 from ...jobs import QUEUE_STORAGE, JobRow
 from ...maintenance.drain import BatchOutcome
@@ -698,8 +698,8 @@ async def rescue_batch(ctx: MaintenanceContext, rescue: QueueStorageRescue, limi
                 records = await settle(conn, ctx, rescue, taken) if taken else []
                 notices = await send_notices(conn, ctx, rescue, records)
             return _BatchOutcome(len(taken), records, [], cancel_notices=notices)
-        except ConnectionLost:
-            raise
+        except (ConnectionLost, LockTimeout):
+            raise  # LockTimeout: a yield, the branch retries at its next tick
         except (QueryError, SettleMismatch) as exc:
             if not taken:
                 raise
@@ -748,8 +748,8 @@ async def settle_row_by_row(
                 notices += await send_notices(conn, ctx, rescue, settled)
             records += settled
             continue
-        except ConnectionLost:
-            raise
+        except (ConnectionLost, LockTimeout):
+            raise  # LockTimeout: a yield, the branch retries at its next tick
         except UniqueViolation as exc:
             log.warning(
                 "%s: rescuing job queue_storage:%d conflicts (%s); cancelling it as a superseded duplicate",
@@ -772,8 +772,8 @@ async def settle_row_by_row(
                 settled = await settle(conn, ctx, rescue, one, cancel=True) if one else []
                 notices += await send_notices(conn, ctx, rescue, settled)
             records += settled
-        except ConnectionLost:
-            raise
+        except (ConnectionLost, LockTimeout):
+            raise  # LockTimeout: a yield, the branch retries at its next tick
         except (QueryError, SettleMismatch) as exc:
             log.error(
                 "%s: cannot rescue or cancel job queue_storage:%d; leaving it as it is (resolve by hand): %s",

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...context import MaintenanceContext
-from ...db import DatabaseError, describe_error
+from ...db import DatabaseError, LockTimeout, describe_error
 from ...tracker import PruneOutcome
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,8 @@ async def run_ring_tick(
     result = RingTickResult()
     try:
         result.rotate = await rotate(ctx)
+    except LockTimeout:
+        raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
         log.error("%s: rotate failed: %s", branch, describe_error(exc))
     else:
@@ -112,6 +114,8 @@ async def run_ring_tick(
         log.debug("%s: rotation is waiting for the prune; pruning despite the backoff", branch)
     try:
         result.prune = await prune(ctx, result.rotate.cursor if result.rotate is not None else None)
+    except LockTimeout:
+        raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
         log.error("%s: prune failed: %s", branch, describe_error(exc))
         return result
