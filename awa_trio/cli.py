@@ -21,6 +21,7 @@ import re
 import signal
 import sys
 import tomllib
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -760,12 +761,16 @@ def build_service(invocation: Invocation, *, with_metrics: bool = True) -> Maint
     """The service ``run`` starts; ``--print-config`` builds it too, so both
     refuse the same settings. Its reload source resolves the same flags
     again, with the config file and environment as they are then."""
+    instance_id = uuid.uuid4()
     service = MaintenanceService(
         invocation.database_url,
         invocation.config,
+        instance_id=instance_id,
         disabled_branches=invocation.disabled_branches,
         periodic_jobs=invocation.periodic_jobs,
-        meter_provider=prometheus_meter_provider() if with_metrics and invocation.metrics_addr else None,
+        meter_provider=prometheus_meter_provider(instance_id)
+        if with_metrics and invocation.metrics_addr
+        else None,
         http_address=invocation.metrics_addr,
         lock_database_url=invocation.lock_database_url,
         admin_address=invocation.admin_addr,

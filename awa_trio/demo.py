@@ -19,6 +19,7 @@ import logging
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -300,11 +301,13 @@ def _migrate(url: str) -> None:
 
 
 async def _run(url: str, engine: str, http_address: str, duration: float | None) -> None:
+    instance_id = uuid.uuid4()
     service = MaintenanceService(
         url,
         DEMO_CONFIG,
+        instance_id=instance_id,
         http_address=http_address,
-        meter_provider=prometheus_meter_provider(),
+        meter_provider=prometheus_meter_provider(instance_id),
         periodic_jobs=[PeriodicJob("demo_tick", "* * * * * *", kind="demo_tick", queue=DEMO_QUEUE)],
     )
     role = "auto" if engine == QUEUE_STORAGE else "canonical_drain"

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -95,12 +96,21 @@ def parse_admin_address(address: str) -> tuple[str, int]:
     return parse_address(address, setting="admin_addr", default_host="127.0.0.1")
 
 
-def prometheus_meter_provider() -> MeterProvider:
-    """An SDK meter provider whose readings /metrics exposes."""
+def prometheus_meter_provider(instance_id: uuid.UUID | str | None = None) -> MeterProvider:
+    """An SDK meter provider whose readings /metrics exposes, as the service
+    ``awa_trio`` (``target_info``); ``instance_id`` is the process's id in
+    awa.runtime_instances (MaintenanceService.instance_id), so a scrape and
+    Awa's admin views name the same node."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.resources import Resource
 
-    return MeterProvider(metric_readers=[PrometheusMetricReader()])
+    from . import __version__
+
+    attributes = {"service.name": "awa_trio", "service.version": __version__}
+    if instance_id is not None:
+        attributes["service.instance.id"] = str(instance_id)
+    return MeterProvider(metric_readers=[PrometheusMetricReader()], resource=Resource.create(attributes))
 
 
 class StatusApp:

@@ -165,6 +165,7 @@ class RuntimeRegistration:
         supported_versions: tuple[int, ...],
         *,
         healthy: Callable[[], bool] = lambda: True,
+        instance_id: uuid.UUID | None = None,
     ) -> None:
         self.db = db
         self.state = state
@@ -172,7 +173,7 @@ class RuntimeRegistration:
         self.interval = interval
         self.supported_versions = supported_versions
         self.healthy = healthy
-        self.instance_id = uuid.uuid4()
+        self.instance_id = instance_id or uuid.uuid4()
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
         self.version = runtime_version()

@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -80,8 +81,12 @@ class MaintenanceService:
         http_address: str | None = None,
         lock_database_url: str | None = None,
         admin_address: str | None = None,
+        instance_id: uuid.UUID | None = None,
     ):
         self.database_url = database_url
+        #: This process's id in awa.runtime_instances, and the
+        #: ``service.instance.id`` of its metrics (``target_info``).
+        self.instance_id = instance_id or uuid.uuid4()
         #: A URL that reaches the server directly, for the leader lock (and
         #: the batch runner's lock) when database_url goes through a
         #: transaction-mode pooler; None: database_url for everything.
@@ -439,6 +444,7 @@ class MaintenanceService:
             lambda: self.live.config.runtime_snapshot_interval,
             SUPPORTED_SCHEMA_VERSIONS,
             healthy=lambda: self.not_leading_reason is None,
+            instance_id=self.instance_id,
         )
 
     async def run(

@@ -205,3 +205,41 @@ async def test_every_series_of_awas_grafana_dashboard_is_scraped(qs_database_url
         assert missing == [], missing
         nursery.cancel_scope.cancel()
     provider.shutdown()
+
+
+async def test_metrics_name_the_service_and_the_instance_awas_views_show(qs_database_url, qs_db):
+    """target_info says service_name "awa_trio" and the node's id in
+    awa.runtime_instances (not unknown_service:python), so a scrape and
+    Awa's admin views name the same process (queue storage: a database
+    where awa_trio registers)."""
+    database_url, db = qs_database_url, qs_db
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "awa_trio", "run", "--database-url", database_url,
+         "--metrics-addr", f"127.0.0.1:{port}", "--runtime-snapshot-interval", "200ms"],
+        stderr=subprocess.DEVNULL)
+    try:
+        with trio.fail_after(30):
+            while True:
+                try:
+                    status, body, _ = await get(f"http://127.0.0.1:{port}/metrics")
+                except OSError:
+                    status, body = 0, b""
+                ids = await db.fetch("SELECT instance_id FROM awa.runtime_instances")
+                if status == 200 and b"target_info" in body and ids:
+                    break
+                await trio.sleep(0.2)
+    finally:
+        process.terminate()
+        with trio.fail_after(20):
+            await process.wait()
+    [target] = [line for line in body.decode().splitlines() if line.startswith("target_info{")]
+    assert 'service_name="awa_trio"' in target, target
+    [row] = ids
+    assert f'service_instance_id="{row["instance_id"]}"' in target, target
