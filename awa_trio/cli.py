@@ -557,8 +557,9 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
     config_path = args.config or environ.get("AWA_CONFIG")
     document = load_config_file(config_path) if config_path else {}
     values = _settings_from_file(document, config_path) if document and config_path else {}
-    #: Settings whose value is the file's (an error in one names the file).
-    file_settings = set(values)
+    #: [maintenance] settings whose value is the file's (an error in one
+    #: names the file; the other tables' errors name their table already).
+    file_settings = set(values) - {"dlq_policy", "queue_retention_overrides"}
 
     for field in dataclasses.fields(MaintenanceConfig):
         if field.metadata["kind"] not in (INTERVAL, RETENTION, COUNT):
