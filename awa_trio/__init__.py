@@ -5,11 +5,10 @@ reaches its own start-up code, and its signal handling, in milliseconds
 instead of after every dependency has been imported.
 """
 
-#: The one place the version lives (pyproject.toml reads it from here).
-__version__ = "0.2.0"
-
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from .version import __version__ as __version__
 
 if TYPE_CHECKING:
     from .branch import BranchSpec

@@ -27,7 +27,6 @@ from typing import Any, NoReturn
 
 import trio
 
-from . import __version__
 from .config import (
     COUNT,
     INTERVAL,
@@ -57,6 +56,7 @@ from .logs import LOG_FORMATS, configure_logging, redact_url, secrets_of
 from .schema import SchemaInfo, migrate
 from .service import MaintenanceService
 from .status import EXIT_NO_LEADER
+from .version import __version__
 
 log = logging.getLogger("awa_trio")
 

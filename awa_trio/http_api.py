@@ -105,7 +105,7 @@ def prometheus_meter_provider(instance_id: uuid.UUID | str | None = None) -> Met
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.resources import Resource
 
-    from . import __version__
+    from .version import __version__
 
     attributes = {"service.name": "awa_trio", "service.version": __version__}
     if instance_id is not None:

@@ -37,7 +37,6 @@ import logging
 import os
 import re
 import socket
-import sys
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +46,7 @@ import trio
 from .db import Connection, Database, DatabaseError, QueryError, describe_error
 from .leadership import LeadershipState
 from .sql import Statement
+from .version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,7 @@ STOP_TIMEOUT = 2.0
 def runtime_version() -> str:
     """``0.6.9+awa-trio.<awa_trio version>``: semver whose precedence is
     the Awa contract kept (build metadata never counts in a comparison)."""
-    # The package's __version__, read from the package already imported
-    # (importing it here would make awa_trio -> service -> here -> awa_trio a cycle).
-    own_version = str(sys.modules[__package__ or "awa_trio"].__version__)
+    own_version = __version__
     build = re.sub(r"[^0-9A-Za-z-]+", ".", own_version).strip(".")
     return f"{AWA_CONTRACT_VERSION}+{BUILD_TAG}.{build}"
 

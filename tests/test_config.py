@@ -53,7 +53,8 @@ def test_format_duration_reads_like_an_operator_writes():
     "changes, message",
     [
         ({"promote_interval": 0}, "promote_interval must be > 0"),
-        ({"heartbeat_staleness": "-1s"}, "heartbeat_staleness: cannot read"),
+        ({"heartbeat_staleness": "-1s"}, "heartbeat_staleness must not be negative"),
+        ({"heartbeat_staleness": "soon"}, "heartbeat_staleness: cannot read"),
         ({"failed_retention": -1}, "failed_retention must be >= 0"),
         ({"cleanup_batch_size": 0}, "cleanup_batch_size must be > 0"),
         ({"pool_size": 2.5}, "pool_size must be an integer"),
