@@ -177,7 +177,7 @@ async def run_branch(
                 await tracker.finish_tick(spec.name, trio.current_time() - started, error=outcome.error)
                 if slot.work is not None:
                     slot.work.record(outcome.result)
-                if spec.next_wake is not None and outcome.error is None:
+                if spec.next_wake is not None and outcome.error is None and not outcome.yielded:
                     due = spec.next_wake(outcome.result)
                     if due is not None:
                         early = max(due, started + spec.min_wake_gap)

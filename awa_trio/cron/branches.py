@@ -161,9 +161,10 @@ async def evaluate_cron_schedules(ctx: MaintenanceContext) -> CronEvalResult:
     return result
 
 
-def next_fire_due_at(result: CronEvalResult) -> float | None:
-    """cron_eval's ``next_wake``."""
-    return result.next_due_at
+def next_fire_due_at(result: object) -> float | None:
+    """cron_eval's ``next_wake`` (None: a pass that returned nothing, e.g.
+    one that yielded to a lock; the grid wakes it)."""
+    return result.next_due_at if isinstance(result, CronEvalResult) else None
 
 
 def _next_fire(schedule: CronSchedule, row: CronJobRow, mark: datetime | None) -> datetime | None:
