@@ -55,7 +55,7 @@ async def test_a_dropped_schema_makes_the_leader_step_down_until_it_is_migrated_
             assert count(caplog, "stepping down, not leading: no awa schema") == 1
             assert (await service.status())["not_leading_reason"] == service.not_leading_reason
 
-            await trio.to_thread.run_sync(migrate, database_url)
+            await migrate(database_url)
             await service.wait_until_leader()
             job_id = await db.fetchval(DUE_JOB_SQL)
             await wait_until(lambda: db.fetchval(
