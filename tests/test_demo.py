@@ -28,6 +28,13 @@ def demo_directory() -> Path:
     return path
 
 
+def interruptible() -> None:
+    """For Popen's preexec_fn: SIGINT as a terminal gives it. A shell runs a
+    background job (CI's second suite) with SIGINT ignored, which its
+    children inherit; Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def processes_mentioning(text: str) -> list[str]:
     """Command lines of live processes that contain ``text``."""
     found = []
@@ -92,7 +99,8 @@ async def test_ctrl_c_stops_the_demo_in_seconds_and_leaves_no_server_or_worker()
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     process = subprocess.Popen(
         [sys.executable, "-m", "awa_trio", "demo", "--metrics-addr", "127.0.0.1:0", "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True,
+        preexec_fn=interruptible)
     out = ""
     try:
         deadline = time.monotonic() + 120
@@ -180,7 +188,8 @@ async def test_a_signal_at_any_moment_stops_the_demo_and_leaves_nothing_behind(m
     launched = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, "-m", "awa_trio", "demo", "--metrics-addr", "127.0.0.1:0", "--log-level", "WARNING"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+        preexec_fn=interruptible)
     out = ""
     try:
         when = MOMENTS[moment]

@@ -53,12 +53,12 @@ async def _signal_and_check(argv, signum, *, after=None, line=None, env_extra=No
 
     import trio
 
-    from tests.test_demo import demo_directory, processes_of_this_run
+    from tests.test_demo import demo_directory, interruptible, processes_of_this_run
 
     tmp_path = demo_directory()
     env = {**os.environ, "TMPDIR": str(tmp_path), **(env_extra or {})}
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=interruptible)
     try:
         if after is not None:
             await trio.sleep(after)
