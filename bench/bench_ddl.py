@@ -2,6 +2,7 @@
 costs the DDL (issue 28).
 
     python bench/bench_ddl.py [--resets 5] [--alter-rounds 3] [--server URL]
+    python bench/bench_ddl.py --transition   # migrate from nothing, prepare, enter, finalize
 
 Each DDL runs on a fresh database twice: with no leader, then beside a busy
 awa_trio leader (tests/support/ddl.py: every branch at short intervals, an
@@ -123,6 +124,83 @@ async def yields_without_ddl(server: str, template: str, timeout: float, seconds
         await _common.in_trio(_common.drop_database, server, dsn)
 
 
+async def wait_until_leading(service, engine: str, timeout: float = 60.0) -> None:
+    with trio.fail_after(timeout):
+        while not (service.is_leader and service.schema is not None and service.schema.engine == engine):
+            await trio.sleep(0.02)
+
+
+async def migrate_and_transition(server: str, template: str) -> None:
+    """The awa schema dropped and migrated from nothing under a busy leader,
+    then prepare, enter and finalize: each step's duration, and how long
+    after it the leader leads the new state and a due job is promoted."""
+    import asyncio
+
+    import awa
+    from support.ddl import INSERT_TARGET_RUNTIME_SQL
+
+    from awa_trio.db import open_database
+
+    prepare = "SELECT state FROM awa.storage_prepare('queue_storage', '{\"schema\": \"awa\"}')"
+    dsn = await _common.in_trio(_common.copy_database, server, template, "bench_ddl")
+
+    async def step(name: str, busy, run, engine: str) -> None:
+        started = time.monotonic()
+        async with busy.producer.paused():
+            await run()
+        took = time.monotonic() - started
+        await wait_until_leading(busy.service, engine)
+        leading = time.monotonic() - started - took
+        async with open_database(dsn) as fresh:  # a client of the new schema's types
+            lag = await promotion_lag(awa.Client(dsn), fresh)
+        lag = max(lag, 0.0)
+        print(f"{name}: {took:.2f} s; the leader led the new state {leading:.2f} s after it, "
+              f"a due job promoted {lag:.2f} s after that", flush=True)
+
+    try:
+        async with open_database(dsn) as db:
+            async with busy_leader(dsn, awa.Client(dsn)) as busy:
+                await trio.sleep(1.0)
+
+                async def drop_and_migrate() -> None:
+                    await db.execute("DROP SCHEMA awa CASCADE")
+                    await trio.to_thread.run_sync(lambda: awa.Client(dsn).migrate())
+
+                await step("DROP SCHEMA awa CASCADE, then awa-pg's migrate() (canonical)", busy,
+                           drop_and_migrate, "canonical")
+            async with open_database(dsn) as db2, busy_leader(dsn, awa.Client(dsn)) as busy:
+                await trio.sleep(1.0)
+
+                async def prepare_step() -> None:
+                    await trio.to_thread.run_sync(lambda: asyncio.run(
+                        awa.AsyncClient(dsn).prepare_queue_storage_schema(schema="awa")))
+                    await db2.execute(prepare)
+
+                await step("prepare (awa-pg's schema preparation, storage_prepare)", busy, prepare_step,
+                           "canonical")
+            async with open_database(dsn) as db3:
+                await db3.execute(INSERT_TARGET_RUNTIME_SQL)
+                await db3.execute("DELETE FROM awa.runtime_instances WHERE transition_role <> 'queue_storage_target'")
+                async with busy_leader(dsn, awa.Client(dsn), worker=False) as busy:
+                    await trio.sleep(1.0)
+
+                    async def enter() -> None:
+                        await db3.execute("DELETE FROM awa.jobs_hot; DELETE FROM awa.scheduled_jobs")
+                        await db3.execute("SELECT awa.storage_enter_mixed_transition()")
+
+                    await step("enter mixed transition", busy, enter, "queue_storage")
+                    with trio.fail_after(30):
+                        while await db3.fetchval("SELECT awa.canonical_live_backlog()") != 0:
+                            await trio.sleep(0.1)
+
+                    async def finalize() -> None:
+                        await db3.execute("SELECT awa.storage_finalize()")
+
+                    await step("finalize", busy, finalize, "queue_storage")
+    finally:
+        await _common.in_trio(_common.drop_database, server, dsn)
+
+
 async def main(args: argparse.Namespace) -> None:
     template = await _common.in_trio(_common.make_template, args.server, "bench_ddl_tpl")
     qs_template = await _common.in_trio(
@@ -138,6 +216,9 @@ async def main(args: argparse.Namespace) -> None:
                     flush=True,
                 )
         if args.baseline:
+            return
+        if args.transition:
+            await migrate_and_transition(args.server, template)
             return
         for name, ddl, count, templates in (
             (f"installer reset=True x{args.resets}", installer_resets, args.resets, [template]),
@@ -171,4 +252,7 @@ if __name__ == "__main__":
         help="instead: yields of the busy leader without DDL at this statement_lock_timeout (s)",
     )
     parser.add_argument("--baseline-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--transition", action="store_true", help="instead: migrate from nothing, prepare, enter, finalize"
+    )
     trio.run(main, parser.parse_args())

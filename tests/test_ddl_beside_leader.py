@@ -16,7 +16,7 @@ import random
 
 import pytest
 import trio
-from support.ddl import YieldLog, busy_leader, promotion_lag
+from support.ddl import INSERT_TARGET_RUNTIME_SQL, YieldLog, busy_leader, promotion_lag
 
 from awa_trio.db import open_database
 
@@ -150,10 +150,3 @@ async def test_alter_table_add_column_on_every_table_beside_a_busy_leader(engine
 PREPARE_SQL = "SELECT state FROM awa.storage_prepare('queue_storage', '{\"schema\": \"awa\"}')"
 ENTER_MIXED_SQL = "SELECT state FROM awa.storage_enter_mixed_transition()"
 FINALIZE_SQL = "SELECT state FROM awa.storage_finalize()"
-INSERT_TARGET_RUNTIME_SQL = """
-    INSERT INTO awa.runtime_instances (instance_id, pid, version, started_at, last_seen_at,
-        snapshot_interval_ms, healthy, postgres_connected, poll_loop_alive, heartbeat_alive,
-        shutting_down, leader, storage_capability, transition_role)
-    VALUES (gen_random_uuid(), 1, 'test', now(), now() + interval '1 hour', 10000, true, true, true,
-        true, false, false, 'queue_storage', 'queue_storage_target')
-"""

@@ -165,3 +165,14 @@ async def promotion_lag(client, db, *, timeout: float = 20.0) -> float:
             if str(state).rsplit(".", 1)[-1].lower() != "scheduled":
                 return trio.current_time() - started - 0.1
             await trio.sleep(0.02)
+
+
+#: A live runtime ready for queue storage (what enter and finalize wait for),
+#: standing in for the queue-storage workers a real transition would start.
+INSERT_TARGET_RUNTIME_SQL = """
+    INSERT INTO awa.runtime_instances (instance_id, pid, version, started_at, last_seen_at,
+        snapshot_interval_ms, healthy, postgres_connected, poll_loop_alive, heartbeat_alive,
+        shutting_down, leader, storage_capability, transition_role)
+    VALUES (gen_random_uuid(), 1, 'test', now(), now() + interval '1 hour', 10000, true, true, true,
+        true, false, false, 'queue_storage', 'queue_storage_target')
+"""
