@@ -166,6 +166,11 @@ class StatusApp:
             }
         except (DatabaseError, UnsupportedSchema) as exc:
             return False, {**body, "ready": False, "reason": str(exc)}
+        except Exception as exc:
+            # Whatever else the check met (a pool closing under a handover):
+            # not ready, saying what, never an error page from a probe.
+            log.debug("readiness check failed", exc_info=True)
+            return False, {**body, "ready": False, "reason": f"{type(exc).__name__}: {exc}"}
         if self.service.not_leading_reason is not None:
             # It would never lead there: not ready, whatever else is fine.
             return False, {**body, "ready": False, "reason": self.service.not_leading_reason}

@@ -225,7 +225,10 @@ class MaintenanceService:
         tracker = self._leader_term.tracker if self.is_leader and self._leader_term else None
         if tracker is not None:
             with trio.move_on_after(1.0):
-                branches = await tracker.snapshot()
+                try:
+                    branches = await tracker.snapshot()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
+                    pass  # the term ended while asked (a handover): no branch figures
         for spec in self.branches if self.is_leader else ():
             branch = branches.setdefault(spec.name, {})
             branch["interval"] = spec.interval
