@@ -873,6 +873,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Nothing more can reach the reader, and Python must not complain
         # about the unflushed rest when it exits.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except KeyboardInterrupt:
+        # Ctrl-C (or SIGTERM, see __main__) before a command's own handling
+        # began, while the arguments were read: a stop, as at any later moment.
+        code = EXIT_OK
     return code
 
 

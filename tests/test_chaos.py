@@ -52,7 +52,10 @@ async def test_connection_storms_during_load_leadership_and_work_resume(database
                 for _ in range(STORMS):
                     victims = await backend_pids(admin, "awa_trio%")
                     assert len(victims) >= 2, "the leader's lock and pool connections"
-                    assert await terminate_backends(admin, victims) == len(victims)
+                    # A pooled or registration connection may close by itself
+                    # between the listing and the kill; the lock's may not.
+                    assert service.lock_backend_pid in victims
+                    assert await terminate_backends(admin, victims) >= 2
                     cut_at = trio.current_time()
                     with trio.fail_after(10):
                         while not service.is_leader or service.lock_backend_pid in victims:

@@ -215,7 +215,13 @@ async def test_a_signal_at_any_moment_stops_the_demo_and_leaves_nothing_behind(m
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     out += rest
-    assert process.returncode == 0, out + errors[-3000:]
+    if process.returncode == -signum:
+        # Before the interpreter reached awa_trio's first line (a loaded
+        # machine can take over 0.2 s to start Python), the signal's own
+        # action ends it: then nothing of the demo exists yet.
+        assert out == "" and isinstance(MOMENTS[moment], float), out + errors[-3000:]
+    else:
+        assert process.returncode == 0, out + errors[-3000:]
     assert "Traceback" not in errors, errors[-3000:]
     assert took < 5, f"{signal.Signals(signum).name} at {moment}: exit took {took:.1f}s\n{out}"
     # Workers killed by the demo are gone in a moment; nothing else may be left.
