@@ -48,7 +48,9 @@ async def test_locked_table_yields_one_branch_only_and_it_recovers(database_url,
         assert "awa.scheduled_jobs" in yields[0].getMessage(), yields[0].getMessage()
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "a yield is not a failure"
         gaps = [b - a for a, b in itertools.pairwise(during_fault)]
-        assert len(during_fault) >= 5 and max(gaps) < 4 * INTERVAL, gaps
+        # The sibling kept ticking all through the fault (bounds loose enough
+        # for a CI machine running two suites at once).
+        assert len(during_fault) >= 3 and max(gaps) < 10 * INTERVAL, gaps
 
         # The lock is gone (transaction committed): the next tick promotes.
         with trio.fail_after(3):
