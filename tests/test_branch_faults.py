@@ -56,6 +56,8 @@ async def test_locked_table_yields_one_branch_only_and_it_recovers(database_url,
         with trio.fail_after(3):
             while await db.fetchval("SELECT count(*) FROM awa.jobs_hot WHERE kind = 'k'") != 1:
                 await trio.sleep(0.02)
-        assert "promote_scheduled: resumed after yielding" in caplog.text
+            # The line comes once the body that promoted it has returned.
+            while "promote_scheduled: resumed after yielding" not in caplog.text:
+                await trio.sleep(0.02)
         assert service.is_leader
         nursery.cancel_scope.cancel()
