@@ -1,0 +1,54 @@
+"""One branch body serving both planes of a staged transition (queue
+storage and the canonical rows still draining)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..context import MaintenanceContext
+from ..db import DatabaseError, describe_error
+
+log = logging.getLogger(__name__)
+
+RunOnce = Callable[[MaintenanceContext], Awaitable[Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlaneResults:
+    """What one both-planes pass did on each plane (None: that plane failed)."""
+
+    queue_storage: Any
+    canonical: Any
+
+
+def both_planes(name: str, queue_storage_pass: RunOnce, canonical_pass: RunOnce) -> RunOnce:
+    """One body that serves both planes. Each plane gets its pass whatever
+    the other one did: a database error is logged with the plane and the
+    branch goes on (raised only when both planes failed); any other exception
+    (a bug) is raised after the other plane has run, for the supervisor."""
+
+    async def run_once(ctx: MaintenanceContext) -> PlaneResults:
+        results: dict[str, Any] = {}
+        database_errors: list[DatabaseError] = []
+        bug: Exception | None = None
+        for plane, body in (("queue_storage", queue_storage_pass), ("canonical", canonical_pass)):
+            results[plane] = None
+            try:
+                results[plane] = await body(ctx)
+            except DatabaseError as exc:
+                log.error("%s: %s plane failed: %s", name, plane, describe_error(exc))
+                database_errors.append(exc)
+            except Exception as exc:
+                bug = bug or exc
+        if bug is not None:
+            raise bug
+        if len(database_errors) == 2:
+            raise database_errors[0]
+        return PlaneResults(queue_storage=results["queue_storage"], canonical=results["canonical"])
+
+    run_once.__name__ = f"{name}_both_planes"
+    run_once.__qualname__ = run_once.__name__
+    return run_once
