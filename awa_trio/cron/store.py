@@ -20,17 +20,22 @@ from datetime import datetime
 from typing import Any
 
 from ..db import Connection, Database
+from ..sql import Statement
 from .fire_times import format_fire_time
 from .schedules import PeriodicJob
 
-# The eleven definition columns; EXCLUDED replaces them all on conflict.
-# `(xmax = 0)` is true only for a row this statement inserted (not updated).
-UPSERT_CRON_JOB_SQL = """
+# The eleven definition columns, each a parameter of the same name; EXCLUDED
+# replaces them all on conflict. `(xmax = 0)` is true only for a row this
+# statement inserted (not updated).
+UPSERT_CRON_JOB_SQL = Statement("""
     INSERT INTO awa.cron_jobs (
         name, cron_expr, timezone, kind, queue, args, priority, max_attempts,
         tags, metadata, missed_fire_policy
     )
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+    VALUES (
+        :name, :cron_expr, :timezone, :kind, :queue, :args, :priority, :max_attempts,
+        :tags, :metadata, :missed_fire_policy
+    )
     ON CONFLICT (name) DO UPDATE SET
         cron_expr = EXCLUDED.cron_expr,
         timezone = EXCLUDED.timezone,
@@ -44,11 +49,11 @@ UPSERT_CRON_JOB_SQL = """
         missed_fire_policy = EXCLUDED.missed_fire_policy,
         updated_at = now()
     RETURNING (xmax = 0) AS inserted
-"""
+""")
 
 # Every schedule, whoever registered it, in name order; plus the database
 # clock the pass is evaluated against (the same clock that wrote created_at).
-LIST_CRON_JOBS_SQL = """
+LIST_CRON_JOBS_SQL = Statement("""
     SELECT
         name, cron_expr, timezone, kind, queue, args, priority, max_attempts,
         tags, metadata, missed_fire_policy, last_enqueued_at, created_at,
@@ -56,18 +61,19 @@ LIST_CRON_JOBS_SQL = """
         now() AS evaluated_at
     FROM awa.cron_jobs
     ORDER BY name
-"""
+""")
 
-# $1 name, $2 fire time, $3 the last_enqueued_at the evaluator read (NULL on
-# first registration), $4 the fire time as text (cron_fire_time metadata).
+# :name, :fire_time, :previous_enqueued_at (the last_enqueued_at the
+# evaluator read, NULL on first registration), :fire_time_text (the fire time
+# as text, the cron_fire_time metadata).
 # The job is available now (run_at NULL -> clock_timestamp()), with no unique
 # key; the schedule's metadata keys are kept, cron_name/cron_fire_time win.
-ATOMIC_ENQUEUE_SQL = """
+ATOMIC_ENQUEUE_SQL = Statement("""
     WITH claimed AS (
         UPDATE awa.cron_jobs
-        SET last_enqueued_at = $2, updated_at = now()
-        WHERE name = $1
-          AND last_enqueued_at IS NOT DISTINCT FROM $3::timestamptz
+        SET last_enqueued_at = :fire_time, updated_at = now()
+        WHERE name = :name
+          AND last_enqueued_at IS NOT DISTINCT FROM :previous_enqueued_at::timestamptz
           AND paused_at IS NULL
         RETURNING name, kind, queue, args, priority, max_attempts, tags, metadata
     )
@@ -82,12 +88,12 @@ ATOMIC_ENQUEUE_SQL = """
         claimed.max_attempts,
         NULL,
         claimed.metadata
-            || jsonb_build_object('cron_name', claimed.name, 'cron_fire_time', $4::text),
+            || jsonb_build_object('cron_name', claimed.name, 'cron_fire_time', :fire_time_text::text),
         claimed.tags,
         NULL,
         NULL
     ) AS job
-"""
+""")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,25 +132,26 @@ async def upsert_cron_job(db: Database | Connection, job: PeriodicJob) -> bool:
     """Register or update one schedule; True if the row is new."""
     return bool(
         await db.fetchval(
-            UPSERT_CRON_JOB_SQL,
-            job.name,
-            job.cron_expr,
-            job.timezone,
-            job.kind,
-            job.queue,
-            job.args,
-            job.priority,
-            job.max_attempts,
-            list(job.tags),
-            job.metadata,
-            str(job.missed_fire_policy),
+            *UPSERT_CRON_JOB_SQL.bind(
+                name=job.name,
+                cron_expr=job.cron_expr,
+                timezone=job.timezone,
+                kind=job.kind,
+                queue=job.queue,
+                args=job.args,
+                priority=job.priority,
+                max_attempts=job.max_attempts,
+                tags=list(job.tags),
+                metadata=job.metadata,
+                missed_fire_policy=str(job.missed_fire_policy),
+            )
         )
     )
 
 
 async def list_cron_jobs(db: Database | Connection) -> tuple[datetime | None, list[CronJobRow]]:
     """(database clock, every schedule by name); the clock is None without rows."""
-    records = await db.fetch(LIST_CRON_JOBS_SQL)
+    records = await db.fetch(*LIST_CRON_JOBS_SQL.bind())
     evaluated_at = records[0]["evaluated_at"] if records else None
     return evaluated_at, [CronJobRow.from_record(record) for record in records]
 
@@ -158,6 +165,11 @@ async def atomic_enqueue(
     """Claim one fire and insert its job; the job id, or None if the fire was
     already claimed (another leader moved the mark) or the schedule is paused."""
     job_id = await db.fetchval(
-        ATOMIC_ENQUEUE_SQL, name, fire_time, previous_enqueued_at, format_fire_time(fire_time)
+        *ATOMIC_ENQUEUE_SQL.bind(
+            name=name,
+            fire_time=fire_time,
+            previous_enqueued_at=previous_enqueued_at,
+            fire_time_text=format_fire_time(fire_time),
+        )
     )
     return None if job_id is None else int(job_id)
