@@ -12,10 +12,22 @@ JSON literal is written ``'{}'``), wrapped in :class:`Statement`:
   queue-storage schema (``{schema}``, a validated plain identifier from
   ``awa.storage_status()``) or, for the ring statements, the partitions of
   one slot. Slots are filled by :meth:`Statement.bind`, and the text for one
-  set of identifiers is kept, so a term renders each statement once.
+  set of identifiers is kept, so a term renders each statement once. This
+  is the one templating step: the text that reaches PostgreSQL is the
+  statement's text with its identifiers filled in
+  (``python -m awa_trio sql --schema NAME`` prints every one).
 * A piece of SQL shared by several statements (a safety gate, a lock key)
-  is a :class:`Fragment`, written once and placed at import with
-  ``Statement(text, gate=FRAGMENT(column=...))``.
+  is a :class:`Fragment`, written once. Calling it is composition, done once
+  at import: the call fills every slot of the piece but the identifiers it
+  leaves to the statement, and gives the text to write into the statement,
+  ``Statement(GATED(gate=GATE(column="claims.job_id")))``. A value placed in
+  a fragment is final SQL: it may hold identifier slots, never a slot that
+  a later call fills.
+
+``Statement(text, **parts)`` (the statement filling slots of its own text at
+construction) still works; each part it placed is kept in
+:attr:`Statement.placed`, so a test lists the statements that still compose
+in two steps.
 
 ``Statement.bind(schema, **values)`` returns the positional arguments of
 :meth:`awa_trio.db.Connection.fetch` and friends::
@@ -26,7 +38,7 @@ JSON literal is written ``'{}'``), wrapped in :class:`Statement`:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 # Parts of SQL text that are not code: string literals (E'' included, with
@@ -63,20 +75,35 @@ def slots_of(text: str) -> frozenset[str]:
     return frozenset(name for code, part in _code_parts(text) if code for name in _SLOT.findall(part))
 
 
+def parameters_of(text: str) -> tuple[str, ...]:
+    """The ``:name`` parameters in the code of ``text``, in order of first use."""
+    names: list[str] = []
+    for code, part in _code_parts(text):
+        if code:
+            names.extend(name for name in _PARAMETER.findall(part) if name not in names)
+    return tuple(names)
+
+
 class Fragment:
     """A piece of SQL shared by several statements, with ``{column}`` slots
-    that each use fills with its own expressions (``{schema}`` is left for
-    the statement)."""
+    that each use fills with its own expressions. The slots named in
+    ``identifiers`` (``{schema}`` always) are left for the statement's bind:
+    a call may fill them, but need not."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, *, identifiers: Iterable[str] = ()) -> None:
         self.text = text
         self.slots = slots_of(text)
+        #: Slots a call leaves to the statement.
+        self.identifiers = frozenset({"schema", *identifiers})
+        unknown = self.identifiers - self.slots - {"schema"}
+        if unknown:
+            raise ValueError(f"fragment has no slot {sorted(unknown)}")
 
     def __call__(self, **columns: str) -> str:
         unknown = set(columns) - self.slots
         if unknown:
             raise ValueError(f"fragment has no slot {sorted(unknown)}")
-        missing = self.slots - set(columns) - {"schema"}
+        missing = self.slots - set(columns) - self.identifiers
         if missing:
             raise ValueError(f"fragment slots not given: {sorted(missing)}")
         return _fill_slots(self.text, columns)
@@ -86,6 +113,9 @@ class Statement:
     """One SQL statement: ``:name`` parameters, ``{identifier}`` slots."""
 
     def __init__(self, text: str, **parts: str) -> None:
+        #: The slots this statement filled at construction (composition in
+        #: a second step; a Fragment call does it in the first).
+        self.placed: tuple[str, ...] = tuple(sorted(parts))
         if parts:
             absent = set(parts) - slots_of(text)
             if absent:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from awa_trio.sql import Fragment, Statement
+from awa_trio.sql import Fragment, Statement, parameters_of
 
 
 def test_named_parameters_compile_to_positions_in_first_use_order() -> None:
@@ -133,3 +133,32 @@ def test_every_job_row_insert_names_its_values_in_column_order() -> None:
     assert len(inserts) >= 11  # promotion (batch, one, cancel) and the three rescues (batch, one)
     for name, outputs in inserts:
         assert outputs == list(JOB_COLUMNS), name
+
+
+def test_a_fragment_leaves_the_identifiers_it_names_to_the_statement() -> None:
+    pages = Fragment(
+        "(SELECT sum(relpages) FROM pg_class WHERE relnamespace = {schema_literal}::regnamespace"
+        " AND relname = {child_name})",
+        identifiers=("schema_literal",),
+    )
+    placed = pages(child_name="'leases_' || :slot")
+    statement = Statement("SELECT " + placed + " = 0")
+    assert statement.slots == {"schema_literal"} and statement.placed == ()
+    assert statement.bind(schema_literal="'awa'", slot="3") == (
+        "SELECT (SELECT sum(relpages) FROM pg_class WHERE relnamespace = 'awa'::regnamespace"
+        " AND relname = 'leases_' || $1) = 0",
+        "3",
+    )
+    with pytest.raises(ValueError, match="not given"):
+        pages()
+    with pytest.raises(ValueError, match="no slot"):
+        Fragment("SELECT 1", identifiers=("slot",))
+
+
+def test_a_statement_records_the_slots_it_filled_at_construction() -> None:
+    assert Statement("SELECT {x} FROM {schema}.t", x="1").placed == ("x",)
+    assert Statement("SELECT 1 FROM {schema}.t").placed == ()
+
+
+def test_parameters_of_reads_code_only() -> None:
+    assert parameters_of("SELECT :b, ':c', x::int, :a, :b -- :d\n") == ("b", "a")
