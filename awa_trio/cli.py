@@ -53,8 +53,9 @@ from .grants import DEFAULT_ROLE
 from .http_api import parse_address, parse_admin_address, prometheus_meter_provider
 from .live import ReloadRequest
 from .logs import LOG_FORMATS, configure_logging, redact_url, secrets_of
-from .schema import SchemaInfo, migrate
+from .schema import DEFAULT_QUEUE_STORAGE_SCHEMA, SchemaInfo, migrate
 from .service import MaintenanceService
+from .sql_catalog import check_schema_name
 from .status import EXIT_NO_LEADER
 from .version import __version__
 
@@ -116,6 +117,7 @@ COMMAND_HELP = {
     "grants": "print the GRANT statements of a least-privilege maintenance role for this database",
     "resign": "make the awa_trio leader hand over to a follower now (exit 0 once another holds the lock)",
     "demo": "a throwaway PostgreSQL with a small awa-pg workload, awa_trio leading it",
+    "sql": "print every SQL statement awa_trio sends, rendered for one schema (needs no database)",
 }
 COMMANDS = tuple(COMMAND_HELP)
 
@@ -284,6 +286,14 @@ def _resign_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _sql_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--schema",
+        metavar="NAME",
+        help=f"the queue-storage schema to render the statements for (default {DEFAULT_QUEUE_STORAGE_SCHEMA})",
+    )
+
+
 #: The options of each command, besides --help and --version.
 COMMAND_OPTIONS: dict[str, tuple[Any, ...]] = {
     "run": (_connection_options, _log_options, _print_config_option, _leader_options, _settings_options),
@@ -293,6 +303,7 @@ COMMAND_OPTIONS: dict[str, tuple[Any, ...]] = {
     "grants": (_connection_options, _log_options, _grants_options),
     "resign": (_connection_options, _log_options, _resign_options),
     "demo": (_log_options, _demo_options),
+    "sql": (_sql_options,),
 }
 
 
@@ -545,6 +556,8 @@ class Invocation:
     lock_database_url: str | None = None
     admin_addr: str | None = None
     resign_timeout: float = DEFAULT_RESIGN_TIMEOUT
+    #: sql --schema: the schema the statements are rendered for.
+    sql_schema: str = DEFAULT_QUEUE_STORAGE_SCHEMA
     #: The argv this came from, so a reload (SIGHUP) can resolve it again.
     argv: tuple[str, ...] | None = None
 
@@ -665,7 +678,9 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         demo_duration = _positive_duration(args.duration, "--duration")
     if args.role is not None and not args.role.strip():
         raise ConfigError("--role needs a role name")
+    sql_schema = DEFAULT_QUEUE_STORAGE_SCHEMA if args.schema is None else check_schema_name(args.schema)
     return Invocation(
+        sql_schema=sql_schema,
         log_format=log_format,
         metrics_addr=metrics_addr or None,
         json_output=args.json,
@@ -908,6 +923,12 @@ def _main(argv: Sequence[str] | None) -> int:
         except ConfigError as exc:
             return fail(f"invalid configuration: {exc}", EXIT_USAGE, as_json=invocation.json_output)
         print(config_as_json(invocation.config, invocation))
+        return EXIT_OK
+
+    if invocation.command == "sql":
+        from .sql_catalog import render_catalog
+
+        print(render_catalog(invocation.sql_schema), end="")
         return EXIT_OK
 
     url = invocation.database_url
