@@ -16,18 +16,16 @@ JSON literal is written ``'{}'``), wrapped in :class:`Statement`:
   is the one templating step: the text that reaches PostgreSQL is the
   statement's text with its identifiers filled in
   (``python -m awa_trio sql --schema NAME`` prints every one).
-* A piece of SQL shared by several statements (a safety gate, a lock key)
-  is a :class:`Fragment`, written once. Calling it is composition, done once
-  at import: the call fills every slot of the piece but the identifiers it
-  leaves to the statement, and gives the text to write into the statement,
-  ``Statement(GATED(gate=GATE(column="claims.job_id")))``. A value placed in
-  a fragment is final SQL: it may hold identifier slots, never a slot that
-  a later call fills.
-
-``Statement(text, **parts)`` (the statement filling slots of its own text at
-construction) still works; each part it placed is kept in
-:attr:`Statement.placed`, so a test lists the statements that still compose
-in two steps.
+* Text is composed at import, in one pass per template: a piece of SQL
+  shared by several statements (a safety gate, a lock key) is a
+  :class:`Fragment`, written once, whose call fills its slots with the
+  columns of one use; ``Statement(text, **parts)`` fills the statement's
+  own slots with its pieces. A value placed in a slot is final SQL: it may
+  hold identifier slots, left for the bind, never a slot that a later pass
+  fills. Such a nesting (a fragment's slot filled with text that has more
+  slots, which the statement then fills) hides the text PostgreSQL gets;
+  :attr:`Statement.nested` names the slots a statement filled that way, and
+  a test keeps the list from growing.
 
 ``Statement.bind(schema, **values)`` returns the positional arguments of
 :meth:`awa_trio.db.Connection.fetch` and friends::
@@ -106,16 +104,33 @@ class Fragment:
         missing = self.slots - set(columns) - self.identifiers
         if missing:
             raise ValueError(f"fragment slots not given: {sorted(missing)}")
-        return _fill_slots(self.text, columns)
+        # (Promotion's FILE is placed per batch, with long array literals:
+        # only a value with a brace is read.)
+        carried = frozenset(slot for value in columns.values() if "{" in value for slot in slots_of(value))
+        return PlacedText(_fill_slots(self.text, columns), carried)
+
+
+class PlacedText(str):
+    """A fragment's text for one use, remembering the slots its values
+    brought in (:attr:`Statement.nested` is a later pass filling them)."""
+
+    carried: frozenset[str]
+
+    def __new__(cls, text: str, carried: frozenset[str]) -> PlacedText:
+        placed = super().__new__(cls, text)
+        placed.carried = carried
+        return placed
 
 
 class Statement:
     """One SQL statement: ``:name`` parameters, ``{identifier}`` slots."""
 
     def __init__(self, text: str, **parts: str) -> None:
-        #: The slots this statement filled at construction (composition in
-        #: a second step; a Fragment call does it in the first).
+        #: The slots this statement filled with its pieces at construction.
         self.placed: tuple[str, ...] = tuple(sorted(parts))
+        #: Those of them that a value placed in a fragment brought in: the
+        #: text was composed in two passes, the second filling the first's.
+        self.nested: tuple[str, ...] = tuple(sorted(set(parts) & getattr(text, "carried", frozenset())))
         if parts:
             absent = set(parts) - slots_of(text)
             if absent:

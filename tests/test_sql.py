@@ -162,3 +162,13 @@ def test_a_statement_records_the_slots_it_filled_at_construction() -> None:
 
 def test_parameters_of_reads_code_only() -> None:
     assert parameters_of("SELECT :b, ':c', x::int, :a, :b -- :d\n") == ("b", "a")
+
+
+def test_a_statement_names_the_slots_it_filled_in_a_second_pass() -> None:
+    take = Fragment("DELETE FROM {schema}.leases WHERE {predicate}")
+    nested = Statement(take(predicate="heartbeat_at < {cutoff}"), cutoff="now() - :staleness::interval")
+    assert nested.nested == ("cutoff",) and nested.placed == ("cutoff",)
+    flat = Statement(take(predicate="heartbeat_at < now() - :staleness::interval"))
+    assert flat.nested == () and flat.text == nested.text
+    # An identifier a placed value carries is left for the bind: not nested.
+    assert Statement(take(predicate="lease_slot = {slot}")).slots == {"schema", "slot"}
