@@ -55,7 +55,7 @@ from .live import ReloadRequest
 from .logs import LOG_FORMATS, configure_logging, redact_url, secrets_of
 from .schema import DEFAULT_QUEUE_STORAGE_SCHEMA, SchemaInfo, migrate
 from .service import MaintenanceService
-from .sql_catalog import check_schema_name
+from .sql_catalog import check_schema_name, render_catalog
 from .status import EXIT_NO_LEADER
 from .version import __version__
 
@@ -926,8 +926,6 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_OK
 
     if invocation.command == "sql":
-        from .sql_catalog import render_catalog
-
         print(render_catalog(invocation.sql_schema), end="")
         return EXIT_OK
 
