@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
+from ..body import BodyResult
 from ..context import MaintenanceContext
 from ..db import ConnectionLost, Database, DatabaseError, LockTimeout, UniqueViolation, describe_error
 from ..jobs import JobRow
@@ -42,7 +43,7 @@ ASYNC_COMMIT = {"synchronous_commit": "off"}
 
 
 @dataclasses.dataclass
-class PromoteResult:
+class PromoteResult(BodyResult):
     """One promotion tick, on either engine."""
 
     #: Jobs promoted per state this tick.
@@ -126,7 +127,7 @@ async def promote_due(
     except LockTimeout:
         raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
-        log.error("%s: failed to promote due jobs (due check): %s", name, describe_error(exc))
+        result.log_error(log, "%s: failed to promote due jobs (due check): %s", name, describe_error(exc))
         return result
     replied = trio.current_time()
     delays = {state: due[NEXT_IN_COLUMNS[state]] for state in PROMOTABLE_STATES}
@@ -155,7 +156,7 @@ async def _promote_state(
         raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
         # A failure for one state must not keep the other one waiting.
-        log.error("%s: failed to promote %s jobs: %s", name, state, describe_error(exc))
+        result.log_error(log, "%s: failed to promote %s jobs: %s", name, state, describe_error(exc))
     count = result.promoted.get(state, 0) - before
     if count:
         log.debug("%s: promoted %d %s jobs (%d queues)", name, count, state, len(result.queues))
@@ -189,7 +190,8 @@ async def promote_row_by_row(
             await on_claim_conflict(job_id)
             continue
         except ConnectionLost as exc:
-            log.error(
+            result.log_error(
+                log,
                 "%s: connection lost during row-by-row promotion; %d %s jobs left for the next tick: %s",
                 name,
                 len(ids) - position,
@@ -200,8 +202,13 @@ async def promote_row_by_row(
         except LockTimeout:
             raise  # a yield: the branch retries at its next tick
         except DatabaseError as exc:
-            log.error(
-                "%s: promoting %s job %d failed; skipping it: %s", name, state, job_id, describe_error(exc)
+            result.log_error(
+                log,
+                "%s: promoting %s job %d failed; skipping it: %s",
+                name,
+                state,
+                job_id,
+                describe_error(exc),
             )
             result.skipped.append(job_id)
             continue

@@ -255,7 +255,8 @@ async def cancel_duplicate(ctx: MaintenanceContext, state: str, job_id: int, res
             *CANCEL_DUPLICATE_SQL.bind(job_id=job_id, state=state, error=DUPLICATE_ERROR)
         )
     except UniqueViolation:
-        log.error(
+        result.log_error(
+            log,
             "%s: cannot promote or cancel %s job %d: the unique claim is held by job %s "
             "and its unique_states include 'cancelled'; leaving it (resolve by hand)",
             NAME,
@@ -268,7 +269,8 @@ async def cancel_duplicate(ctx: MaintenanceContext, state: str, job_id: int, res
     except LockTimeout:
         raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
-        log.error(
+        result.log_error(
+            log,
             "%s: cancelling duplicate %s job %d failed; skipping it: %s",
             NAME,
             state,

@@ -93,15 +93,16 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from ...body import BodyResult
 from ...context import MaintenanceContext
 from ...db import Connection, ConnectionLost, LockTimeout, QueryError, UniqueViolation, describe_error
-from ...hooks import RescueReason
 from ...jobs import QUEUE_STORAGE, JobRow
 from ...maintenance.drain import BatchOutcome
 from ...maintenance.rescue import (
     CALLBACK_TIMEOUT_DLQ_REASON,
     CANCEL_NOTICES,
     CANCEL_NOTICES_SQL,
+    Rescue,
     RescueResult,
     attempts_to_cancel,
     drain_rescues,
@@ -634,27 +635,16 @@ Take = Callable[[Connection, MaintenanceContext, int, "list[int] | None"], Await
 
 
 @dataclasses.dataclass(frozen=True)
-class QueueStorageRescue:
+class QueueStorageRescue(Rescue):
     """One queue-storage rescue branch."""
 
-    #: Branch name (logs, tracker).
-    name: str
-    #: ``awa.rescue.kind`` metric attribute: heartbeat, deadline, callback_timeout.
-    metric_kind: str
-    reason: RescueReason
-    #: MaintenanceConfig field holding the branch interval (for the drain budget).
-    interval_setting: str
     take: Take
-    #: Error entry of a job cancelled as a superseded duplicate.
-    duplicate_error: str
-    #: Whether attempts still running in this process are signalled.
-    cancels_in_flight: bool
     #: Exhausted attempts become failed (or dead-lettered) instead of retryable.
     exhausts_to_failed: bool = False
 
 
 @dataclasses.dataclass
-class _BatchOutcome:
+class _BatchOutcome(BodyResult):
     taken: int
     records: list[Any]
     skipped: list[int]
@@ -671,6 +661,7 @@ async def run_rescue(ctx: MaintenanceContext, rescue: QueueStorageRescue) -> Res
         part.row_by_row_batches = int(outcome.row_by_row)
         part.skipped = outcome.skipped
         part.cancel_notices = outcome.cancel_notices
+        part.errors = outcome.errors
         for record in outcome.records:
             job = JobRow.from_record(record, engine=QUEUE_STORAGE)
             if record["outcome"] == "cancelled":
@@ -709,8 +700,9 @@ async def rescue_batch(ctx: MaintenanceContext, rescue: QueueStorageRescue, limi
                 len(taken),
                 _describe(exc),
             )
-        records, skipped, notices = await settle_row_by_row(conn, ctx, rescue, taken)
-        return _BatchOutcome(len(taken), records, skipped, row_by_row=True, cancel_notices=notices)
+        outcome = _BatchOutcome(len(taken), [], [], row_by_row=True)
+        await settle_row_by_row(conn, ctx, rescue, taken, outcome)
+        return outcome
 
 
 async def send_notices(
@@ -732,21 +724,22 @@ async def send_notices(
 
 
 async def settle_row_by_row(
-    conn: Connection, ctx: MaintenanceContext, rescue: QueueStorageRescue, taken: Sequence[Any]
-) -> tuple[list[Any], list[int], int]:
+    conn: Connection,
+    ctx: MaintenanceContext,
+    rescue: QueueStorageRescue,
+    taken: Sequence[Any],
+    outcome: _BatchOutcome,
+) -> None:
     """Each attempt of a failed batch under its own savepoint: a 23505 makes
     that row a cancelled terminal row; any other failure leaves it untouched.
-    Returns the settled records, the skipped ids and the notices sent."""
-    records: list[Any] = []
-    skipped: list[int] = []
-    notices = 0
+    The settled records, skipped ids, notices sent and errors go into ``outcome``."""
     for job_id in dict.fromkeys(int(row["job_id"]) for row in taken):
         try:
             async with conn.transaction():
                 one = await rescue.take(conn, ctx, 1, [job_id])
                 settled = await settle(conn, ctx, rescue, one) if one else []
-                notices += await send_notices(conn, ctx, rescue, settled)
-            records += settled
+                outcome.cancel_notices += await send_notices(conn, ctx, rescue, settled)
+            outcome.records += settled
             continue
         except (ConnectionLost, LockTimeout):
             raise  # LockTimeout: a yield, the branch retries at its next tick
@@ -758,31 +751,32 @@ async def settle_row_by_row(
                 _describe(exc),
             )
         except (QueryError, SettleMismatch) as exc:
-            log.error(
+            outcome.log_error(
+                log,
                 "%s: rescue of job queue_storage:%d failed; leaving it for the next tick: %s",
                 rescue.name,
                 job_id,
                 _describe(exc),
             )
-            skipped.append(job_id)
+            outcome.skipped.append(job_id)
             continue
         try:
             async with conn.transaction():
                 one = await rescue.take(conn, ctx, 1, [job_id])
                 settled = await settle(conn, ctx, rescue, one, cancel=True) if one else []
-                notices += await send_notices(conn, ctx, rescue, settled)
-            records += settled
+                outcome.cancel_notices += await send_notices(conn, ctx, rescue, settled)
+            outcome.records += settled
         except (ConnectionLost, LockTimeout):
             raise  # LockTimeout: a yield, the branch retries at its next tick
         except (QueryError, SettleMismatch) as exc:
-            log.error(
+            outcome.log_error(
+                log,
                 "%s: cannot rescue or cancel job queue_storage:%d; leaving it as it is (resolve by hand): %s",
                 rescue.name,
                 job_id,
                 _describe(exc),
             )
-            skipped.append(job_id)
-    return records, skipped, notices
+            outcome.skipped.append(job_id)
 
 
 async def settle(

@@ -60,7 +60,6 @@ RESCUE = QueueStorageRescue(
     name=NAME,
     metric_kind=METRIC_KIND,
     reason=RescueReason.EXPIRED_CALLBACK,
-    interval_setting="callback_rescue_interval",
     take=take_expired_callbacks,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=False,

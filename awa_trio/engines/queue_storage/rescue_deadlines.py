@@ -113,7 +113,6 @@ RESCUE = QueueStorageRescue(
     name=NAME,
     metric_kind=METRIC_KIND,
     reason=RescueReason.DEADLINE_EXCEEDED,
-    interval_setting="deadline_rescue_interval",
     take=take_expired,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=True,

@@ -190,7 +190,6 @@ RESCUE = QueueStorageRescue(
     name=NAME,
     metric_kind=METRIC_KIND,
     reason=RescueReason.STALE_HEARTBEAT,
-    interval_setting="heartbeat_rescue_interval",
     take=take_stale,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=True,
