@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import trio
 
@@ -24,6 +24,10 @@ from ..jobs import JobRow
 log = logging.getLogger(__name__)
 
 PROMOTABLE_STATES = ("scheduled", "retryable")
+#: Due jobs one batch promotes at most.
+PROMOTE_BATCH_SIZE = 4096
+#: Batches per state and tick; a short batch ends the state's pass sooner.
+PROMOTE_MAX_BATCHES_PER_TICK = 32
 #: Each promotable state as the SQL literal the engines' statements place at
 #: import: a literal, not a parameter, so the planner can use the partial
 #: index per state (a generic plan cannot prove it applies to a parameter).
@@ -69,6 +73,23 @@ class PromoteResult(BodyResult):
 
 #: One state's batches into the result (DatabaseError: that state failed).
 PromoteState = Callable[[str, PromoteResult], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class PromotedBatch:
+    """What one committed batch promoted."""
+
+    #: Trio time its statement began (the batch duration metric's start).
+    started: float
+    promoted: int
+    #: The queues it filed jobs into, and each job's lateness in seconds.
+    queues: Iterable[str]
+    lateness: Iterable[float]
+
+
+#: One batch of a state, given the batch size. None: no batch was committed
+#: and the state's pass ends here (it went row by row instead).
+PromoteBatch = Callable[[int], Awaitable[PromotedBatch | None]]
 #: One due job promoted on its own: the (queue, rows) it filed, empty if
 #: it had gone meanwhile.
 PromoteOne = Callable[[int], Awaitable[Sequence[tuple[str, int]]]]
@@ -160,6 +181,30 @@ async def _promote_state(
     count = result.promoted.get(state, 0) - before
     if count:
         log.debug("%s: promoted %d %s jobs (%d queues)", name, count, state, len(result.queues))
+
+
+async def promote_batches(
+    ctx: MaintenanceContext,
+    state: str,
+    result: PromoteResult,
+    batch: PromoteBatch,
+    *,
+    batch_size: int = PROMOTE_BATCH_SIZE,
+    max_batches: int = PROMOTE_MAX_BATCHES_PER_TICK,
+) -> None:
+    """Up to ``max_batches`` batches of one state, each recorded in the
+    metrics and the result; stop at the first short one."""
+    for _ in range(max_batches):
+        filed = await batch(batch_size)
+        if filed is None:
+            return
+        ctx.metrics.record_promotion_batch(state, filed.promoted, trio.current_time() - filed.started)
+        ctx.metrics.record_promotion_lateness(state, filed.lateness)
+        result.batches += 1
+        result.promoted[state] = result.promoted.get(state, 0) + filed.promoted
+        result.queues.update(filed.queues)
+        if filed.promoted < batch_size:
+            return
 
 
 def record_empty_pass(ctx: MaintenanceContext, state: str, result: PromoteResult, seconds: float) -> None:
