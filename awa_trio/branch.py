@@ -70,7 +70,8 @@ class BranchSpec:
     name: str
     #: Seconds between ticks.
     interval: float
-    #: One pass of the branch. Returns a small result for tests and logs.
+    #: One pass of the branch. Returns a small result for tests and logs; a
+    #: :class:`~awa_trio.body.BodyResult` with ``errors`` marks the pass failed.
     run_once: Callable[[MaintenanceContext], Awaitable[Any]]
     #: False tracks overruns without ever skipping bodies (terminal_count_rollup).
     cooldown: bool = True

@@ -136,3 +136,23 @@ def test_a_result_of_another_type_carries_no_errors(result):
 def test_errors_are_not_part_of_a_results_equality():
     assert BodyResult(errors=["x"]) == BodyResult()
     assert dataclasses.asdict(BodyResult(errors=["x"])) == {"errors": ["x"]}
+
+
+# -- the interval a body runs for --------------------------------------------------
+
+
+async def test_the_branch_actor_hands_the_body_its_specs_interval(db):
+    from awa_trio.maintenance.rescue import rescue_budget
+
+    ctx = await make_context(db, drain_time_budget=30)
+    budgets = []
+
+    async def body(ctx):
+        budgets.append((ctx.interval, rescue_budget(ctx).seconds))
+        return BodyResult()
+
+    await run_body(BranchSpec("sized", 4.0, body), ctx)
+    assert ctx.interval is None
+    assert budgets == [(4.0, 2.0)], "a rescue spends at most half its branch's interval"
+    await body(ctx)  # called on its own: the budget alone
+    assert budgets[-1] == (None, 30.0)

@@ -20,6 +20,7 @@ from ..body import BodyResult
 from ..context import MaintenanceContext
 from ..db import ConnectionLost, Database, DatabaseError, LockTimeout, UniqueViolation, describe_error
 from ..jobs import JobRow
+from .planes import PlaneResults
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,9 @@ def next_due_at(result: object) -> float | None:
     earlier of the two."""
     if isinstance(result, PromoteResult):
         return result.next_due_at
-    planes = (getattr(result, "queue_storage", None), getattr(result, "canonical", None))
+    if not isinstance(result, PlaneResults):
+        return None
+    planes = (result.queue_storage, result.canonical)
     times = [plane.next_due_at for plane in planes if isinstance(plane, PromoteResult)]
     return min((time for time in times if time is not None), default=None)
 
