@@ -259,20 +259,16 @@ class InFlightRegistry:
             try:
                 result = cancel()
             except Exception:
-                message = f"hooks: cancel callback for {_describe_attempt(key)} failed"
-                log.exception("%s", message)
+                log.exception("hooks: cancel callback for %s failed", _describe_attempt(key))
                 if errors is not None:
-                    errors.append(message)
+                    errors.append(f"hooks: cancel callback for {_describe_attempt(key)} failed")
                 continue
             if inspect.iscoroutine(result):
                 result.close()
-                message = (
-                    f"hooks: cancel callback for {_describe_attempt(key)} is a coroutine function; "
-                    "cancel callbacks must be synchronous"
-                )
-                log.error("%s", message)
+                message = "hooks: cancel callback for %s is a coroutine function; cancel callbacks must be synchronous"
+                log.error(message, _describe_attempt(key))
                 if errors is not None:
-                    errors.append(message)
+                    errors.append(message % _describe_attempt(key))
         return True
 
 

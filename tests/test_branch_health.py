@@ -156,3 +156,28 @@ async def test_the_branch_actor_hands_the_body_its_specs_interval(db):
     assert budgets == [(4.0, 2.0)], "a rescue spends at most half its branch's interval"
     await body(ctx)  # called on its own: the budget alone
     assert budgets[-1] == (None, 30.0)
+
+
+def test_a_failing_in_flight_cancel_callback_is_one_of_the_rescues_errors():
+    from test_hooks import job
+
+    from awa_trio.hooks import Hooks
+
+    hooks = Hooks()
+
+    def broken():
+        raise RuntimeError("callback bug")
+
+    async def not_synchronous():
+        pass
+
+    hooks.in_flight.register(1, 2, broken)
+    hooks.in_flight.register(3, 1, not_synchronous)
+    errors: list[str] = []
+    with silenced_awa_trio_logging():
+        assert hooks.cancel_in_flight([job(1, run_lease=2), job(3, run_lease=1)], errors) == 2
+    assert errors == [
+        "hooks: cancel callback for job 1 (run_lease 2) failed",
+        "hooks: cancel callback for job 3 (run_lease 1) is a coroutine function; "
+        "cancel callbacks must be synchronous",
+    ]
