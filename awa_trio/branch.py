@@ -15,9 +15,12 @@ Failure policy:
   ``branch_timeout`` is logged with the branch name, and the branch runs
   again at its next tick;
 * a body that carries on past a failure of its own (promotion of one state
-  failing while the other goes on, a rescue row skipped) logs it at ERROR:
-  such a body counts as failed too (the branch-error metric, ``last_error``
-  in /status), so a branch that fails every tick never looks healthy;
+  failing while the other goes on, a rescue row skipped) logs it at ERROR
+  and returns it in its result's ``errors`` (:mod:`awa_trio.body`): such a
+  body counts as failed too (the branch-error metric, ``last_error`` in
+  /status), so a branch that fails every tick never looks healthy. Health
+  is read from the result, never from the log, so no logging configuration
+  can change it;
 * any other exception is a bug: :func:`supervise_branch` logs it with its
   traceback and restarts that branch (its next body runs one interval
   later). More than ``branch_restart_limit`` crashes within
@@ -38,7 +41,6 @@ overrun hysteresis and a cooldown skips it.
 from __future__ import annotations
 
 import collections
-import contextvars
 import dataclasses
 import logging
 import math
@@ -47,38 +49,17 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .body import errors_of
+from .context import MaintenanceContext
 from .db import DatabaseError, LockTimeout, describe_error, find_lock_holder
 from .errors import LeadershipAbandoned
 from .logs import CURRENT_BRANCH, connection_recovered
 
 if TYPE_CHECKING:
-    from .context import MaintenanceContext
     from .tracker_actor import TrackerClient
     from .work_summary import WorkSummary
 
 log = logging.getLogger(__name__)
-
-#: ERROR lines logged by awa_trio while the current body runs (None outside one).
-BODY_ERRORS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-    "awa_trio_body_errors", default=None
-)
-
-
-class _BodyErrorCollector(logging.Handler):
-    """Collects awa_trio's ERROR records into the running body's list; it
-    writes nothing anywhere (the application's handlers do that)."""
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.ERROR)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        errors = BODY_ERRORS.get()
-        if errors is not None:
-            errors.append(record.getMessage())
-
-
-_COLLECTOR = _BodyErrorCollector()
-logging.getLogger("awa_trio").addHandler(_COLLECTOR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +70,8 @@ class BranchSpec:
     name: str
     #: Seconds between ticks.
     interval: float
-    #: One pass of the branch. Returns a small result for tests and logs.
+    #: One pass of the branch. Returns a small result for tests and logs; a
+    #: :class:`~awa_trio.body.BodyResult` with ``errors`` marks the pass failed.
     run_once: Callable[[MaintenanceContext], Awaitable[Any]]
     #: False tracks overruns without ever skipping bodies (terminal_count_rollup).
     cooldown: bool = True
@@ -220,8 +202,9 @@ async def run_body(
     """One body, with the expected faults logged and swallowed."""
     started = trio.current_time()
     yields = yields if yields is not None else YieldEpisode()
-    errors: list[str] = []
-    token = BODY_ERRORS.set(errors)
+    if isinstance(ctx, MaintenanceContext):  # not a test's stand-in
+        # The body sizes its work by its branch's interval (a rescue's drain budget).
+        ctx = dataclasses.replace(ctx, interval=spec.interval)
     try:
         with trio.fail_after(ctx.config.branch_timeout):
             result = await spec.run_once(ctx)
@@ -255,8 +238,6 @@ async def run_body(
             ctx.config.branch_timeout,
         )
         return BodyOutcome(error=f"ran longer than branch_timeout ({ctx.config.branch_timeout:g}s)")
-    finally:
-        BODY_ERRORS.reset(token)
     if yields.count:
         log.info(
             "%s: resumed after yielding %d time%s over %.1fs",
@@ -266,8 +247,9 @@ async def run_body(
             started - yields.started,
         )
         yields.count = 0
+    errors = errors_of(result)
     if errors:
-        # The body went on past failures it logged itself.
+        # The body went on past failures of its own.
         ctx.metrics.record_branch_error(spec.name)
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         return BodyOutcome(result=result, error=f"{errors[0]}{more}")

@@ -47,6 +47,9 @@ class MaintenanceContext:
     #: The tracker actor of the current leadership term; outside one, a gate
     #: that never backs off (never None, so bodies need no check).
     tracker: PruneGate = NO_PRUNE_BACKOFF
+    #: The interval of the branch whose body runs (its spec's, set by the
+    #: branch actor); None for a body called on its own.
+    interval: float | None = None
 
     @classmethod
     def standalone(

@@ -246,8 +246,11 @@ class InFlightRegistry:
         if not callbacks:
             del self._callbacks[key]
 
-    def cancel(self, job_id: int, run_lease: int, *, engine: str = CANONICAL) -> bool:
-        """Call every callback registered for this attempt; True if there was one."""
+    def cancel(
+        self, job_id: int, run_lease: int, *, engine: str = CANONICAL, errors: list[str] | None = None
+    ) -> bool:
+        """Call every callback registered for this attempt; True if there was
+        one. A failing callback is logged, and its line added to ``errors``."""
         key = _attempt_key(engine, job_id, run_lease)
         callbacks = self._callbacks.get(key)
         if not callbacks:
@@ -257,14 +260,15 @@ class InFlightRegistry:
                 result = cancel()
             except Exception:
                 log.exception("hooks: cancel callback for %s failed", _describe_attempt(key))
+                if errors is not None:
+                    errors.append(f"hooks: cancel callback for {_describe_attempt(key)} failed")
                 continue
             if inspect.iscoroutine(result):
                 result.close()
-                log.error(
-                    "hooks: cancel callback for %s is a coroutine function; cancel "
-                    "callbacks must be synchronous",
-                    _describe_attempt(key),
-                )
+                message = "hooks: cancel callback for %s is a coroutine function; cancel callbacks must be synchronous"
+                log.error(message, _describe_attempt(key))
+                if errors is not None:
+                    errors.append(message % _describe_attempt(key))
         return True
 
 
@@ -437,10 +441,14 @@ class Hooks:
                 follow_ups.append(item)
         return follow_ups
 
-    def cancel_in_flight(self, jobs: Iterable[JobRow]) -> int:
+    def cancel_in_flight(self, jobs: Iterable[JobRow], errors: list[str] | None = None) -> int:
         """Signal attempts of these jobs running in this process (each on its
-        own engine); returns how many."""
-        return sum(1 for job in jobs if self.in_flight.cancel(job.id, job.run_lease, engine=job.engine))
+        own engine); returns how many. Failing callbacks are added to ``errors``."""
+        return sum(
+            1
+            for job in jobs
+            if self.in_flight.cancel(job.id, job.run_lease, engine=job.engine, errors=errors)
+        )
 
 
 def _describe(fn: Any) -> str:

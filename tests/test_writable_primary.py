@@ -85,13 +85,16 @@ async def test_a_branch_that_fails_while_carrying_on_shows_in_status_and_the_err
 ):
     from support.helpers import metric_points
 
+    from awa_trio.body import BodyResult
     from awa_trio.branch import BranchSpec
 
     log = logging.getLogger("awa_trio.test_branch")
 
     async def half_failing(ctx):
-        log.error("test_branch: one step failed: [25006] cannot execute UPDATE in a read-only transaction")
-        return "carried on"
+        carried_on = BodyResult()
+        carried_on.log_error(
+            log, "test_branch: one step failed: [25006] cannot execute UPDATE in a read-only transaction")
+        return carried_on
 
     spec = BranchSpec(name="half_failing", interval=0.1, run_once=half_failing)
     service = MaintenanceService(database_url, CONFIG, meter_provider=meter_provider, extra_branches=[spec])

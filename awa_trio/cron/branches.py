@@ -36,6 +36,7 @@ from datetime import datetime, timedelta
 
 import trio
 
+from ..body import BodyResult
 from ..branch import BranchSpec
 from ..config import MaintenanceConfig
 from ..context import MaintenanceContext
@@ -61,7 +62,7 @@ CRON_EVAL = "cron_eval"
 
 
 @dataclasses.dataclass
-class CronSyncResult:
+class CronSyncResult(BodyResult):
     #: Schedules upserted this pass, and how many of them were new rows.
     upserted: int = 0
     registered: list[str] = dataclasses.field(default_factory=list)
@@ -69,7 +70,7 @@ class CronSyncResult:
 
 
 @dataclasses.dataclass
-class CronEvalResult:
+class CronEvalResult(BodyResult):
     schedules: int = 0
     paused: int = 0
     #: Rows skipped because their expression, zone or policy is unreadable.
@@ -102,7 +103,7 @@ async def sync_periodic_jobs(ctx: MaintenanceContext) -> CronSyncResult:
             raise  # a yield: the branch retries at its next tick
         except DatabaseError as exc:
             result.failed += 1
-            log.error("%s: failed to sync periodic job %r: %s", CRON_SYNC, job.name, exc)
+            result.log_error(log, "%s: failed to sync periodic job %r: %s", CRON_SYNC, job.name, exc)
             continue
         result.upserted += 1
         if inserted:
@@ -129,11 +130,16 @@ class ProblemLog:
         self._said: dict[str, str] = {}
         self._seen: set[str] = set()
 
-    def report(self, name: str, problem: str, message: str, *args: object) -> None:
+    def report(self, result: BodyResult, name: str, problem: str, message: str, *args: object) -> None:
+        """Say the problem; the first time it is said (at ERROR), it is also
+        one of ``result``'s errors."""
         self._seen.add(name)
-        level = logging.DEBUG if self._said.get(name) == problem else logging.ERROR
+        said = self._said.get(name) == problem
         self._said[name] = problem
-        log.log(level, message, *args)
+        if said:
+            log.debug(message, *args)
+        else:
+            result.log_error(log, message, *args)
 
     def end_pass(self) -> None:
         for name in self._said.keys() - self._seen:
@@ -266,7 +272,7 @@ def _due_fires(
                     f"last_enqueued_at {row.last_enqueued_at!r}: {exc}"
                 )
     result.invalid.append(row.name)
-    problems.report(row.name, problem, "%s: skipping schedule %r: %s", CRON_EVAL, row.name, problem)
+    problems.report(result, row.name, problem, "%s: skipping schedule %r: %s", CRON_EVAL, row.name, problem)
     return []
 
 
@@ -286,9 +292,9 @@ async def _enqueue_in_order(
             if is_row_data_error(exc):
                 # The row's own values (a priority out of range, too many tags):
                 # the same refusal every pass until someone fixes the row.
-                problems.report(row.name, describe_error(exc), message, *arguments)
+                problems.report(result, row.name, describe_error(exc), message, *arguments)
             else:
-                log.error(message, *arguments)
+                result.log_error(log, message, *arguments)
             return
         if job_id is None:
             result.claimed_elsewhere.append(row.name)

@@ -84,6 +84,7 @@ from typing import Any
 
 import trio
 
+from ..body import BodyResult
 from ..context import MaintenanceContext
 from ..db import CLEANUP_TIMEOUT, Connection, DatabaseError, QueryError
 from ..sql import Fragment, Statement
@@ -317,7 +318,7 @@ class BatchOperationStorage:
 
 
 @dataclasses.dataclass
-class BatchOperationsResult:
+class BatchOperationsResult(BodyResult):
     #: An operation was claimed (and advanced) by this call.
     claimed: bool = False
     #: Another runner (awa-pg or awa_trio) held the runner lock.
@@ -405,7 +406,9 @@ async def run_locked_chunk(
         try:
             plan = decode_operation(row["spec"], row["filter"], storage)
         except InvalidBatchOperation as exc:
-            log.error("%s: operation %s cannot run and is marked failed: %s", NAME, result.operation_id, exc)
+            result.log_error(
+                log, "%s: operation %s cannot run and is marked failed: %s", NAME, result.operation_id, exc
+            )
             await finalize_operation(conn, result, "failed", last_error=str(exc))
             return result
         if state == "scanning":

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..body import BodyResult
 from ..context import MaintenanceContext
 from ..db import LockTimeout, QueryError, rows_affected
 from ..sql import Statement
@@ -76,7 +77,7 @@ DELETE_EXPIRED_BATCH_OPERATIONS_SQL = Statement("""
 
 
 @dataclasses.dataclass
-class CleanupResult:
+class CleanupResult(BodyResult):
     #: Finished jobs deleted by the global pass (queues without an override).
     jobs_deleted: int = 0
     #: Finished jobs deleted per override queue.
@@ -255,5 +256,5 @@ async def delete_step(
 
 def log_failed_step(result: CleanupResult, step: str, exc: QueryError) -> None:
     sqlstate = f" [{exc.sqlstate}]" if exc.sqlstate else ""
-    log.error("%s: failed to delete %s%s: %s", NAME, step, sqlstate, exc)
+    result.log_error(log, "%s: failed to delete %s%s: %s", NAME, step, sqlstate, exc)
     result.failed_steps.append(step)

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..body import BodyResult, errors_of
 from ..context import MaintenanceContext
 from ..db import DatabaseError, describe_error
 
@@ -16,9 +17,11 @@ log = logging.getLogger(__name__)
 RunOnce = Callable[[MaintenanceContext], Awaitable[Any]]
 
 
-@dataclasses.dataclass(frozen=True)
-class PlaneResults:
-    """What one both-planes pass did on each plane (None: that plane failed)."""
+@dataclasses.dataclass
+class PlaneResults(BodyResult):
+    """What one both-planes pass did on each plane (None: that plane
+    failed). Its errors are both planes', in the order they came: a plane's
+    failure, or the errors its pass went on past."""
 
     queue_storage: Any
     canonical: Any
@@ -31,23 +34,25 @@ def both_planes(name: str, queue_storage_pass: RunOnce, canonical_pass: RunOnce)
     (a bug) is raised after the other plane has run, for the supervisor."""
 
     async def run_once(ctx: MaintenanceContext) -> PlaneResults:
-        results: dict[str, Any] = {}
+        result = PlaneResults(queue_storage=None, canonical=None)
         database_errors: list[DatabaseError] = []
         bug: Exception | None = None
         for plane, body in (("queue_storage", queue_storage_pass), ("canonical", canonical_pass)):
-            results[plane] = None
             try:
-                results[plane] = await body(ctx)
+                outcome = await body(ctx)
             except DatabaseError as exc:
-                log.error("%s: %s plane failed: %s", name, plane, describe_error(exc))
+                result.log_error(log, "%s: %s plane failed: %s", name, plane, describe_error(exc))
                 database_errors.append(exc)
             except Exception as exc:
                 bug = bug or exc
+            else:
+                setattr(result, plane, outcome)
+                result.errors += errors_of(outcome)
         if bug is not None:
             raise bug
         if len(database_errors) == 2:
             raise database_errors[0]
-        return PlaneResults(queue_storage=results["queue_storage"], canonical=results["canonical"])
+        return result
 
     run_once.__name__ = f"{name}_both_planes"
     run_once.__qualname__ = run_once.__name__

@@ -12,17 +12,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import trio
 
+from ..body import BodyResult
 from ..context import MaintenanceContext
 from ..db import ConnectionLost, Database, DatabaseError, LockTimeout, UniqueViolation, describe_error
 from ..jobs import JobRow
+from .planes import PlaneResults
 
 log = logging.getLogger(__name__)
 
 PROMOTABLE_STATES = ("scheduled", "retryable")
+#: Due jobs one batch promotes at most.
+PROMOTE_BATCH_SIZE = 4096
+#: Batches per state and tick; a short batch ends the state's pass sooner.
+PROMOTE_MAX_BATCHES_PER_TICK = 32
 #: Each promotable state as the SQL literal the engines' statements place at
 #: import: a literal, not a parameter, so the planner can use the partial
 #: index per state (a generic plan cannot prove it applies to a parameter).
@@ -42,7 +48,7 @@ ASYNC_COMMIT = {"synchronous_commit": "off"}
 
 
 @dataclasses.dataclass
-class PromoteResult:
+class PromoteResult(BodyResult):
     """One promotion tick, on either engine."""
 
     #: Jobs promoted per state this tick.
@@ -68,6 +74,23 @@ class PromoteResult:
 
 #: One state's batches into the result (DatabaseError: that state failed).
 PromoteState = Callable[[str, PromoteResult], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class PromotedBatch:
+    """What one committed batch promoted."""
+
+    #: Trio time its statement began (the batch duration metric's start).
+    started: float
+    promoted: int
+    #: The queues it filed jobs into, and each job's lateness in seconds.
+    queues: Iterable[str]
+    lateness: Iterable[float]
+
+
+#: One batch of a state, given the batch size. None: no batch was committed
+#: and the state's pass ends here (it went row by row instead).
+PromoteBatch = Callable[[int], Awaitable[PromotedBatch | None]]
 #: One due job promoted on its own: the (queue, rows) it filed, empty if
 #: it had gone meanwhile.
 PromoteOne = Callable[[int], Awaitable[Sequence[tuple[str, int]]]]
@@ -82,7 +105,9 @@ def next_due_at(result: object) -> float | None:
     earlier of the two."""
     if isinstance(result, PromoteResult):
         return result.next_due_at
-    planes = (getattr(result, "queue_storage", None), getattr(result, "canonical", None))
+    if not isinstance(result, PlaneResults):
+        return None
+    planes = (result.queue_storage, result.canonical)
     times = [plane.next_due_at for plane in planes if isinstance(plane, PromoteResult)]
     return min((time for time in times if time is not None), default=None)
 
@@ -126,7 +151,7 @@ async def promote_due(
     except LockTimeout:
         raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
-        log.error("%s: failed to promote due jobs (due check): %s", name, describe_error(exc))
+        result.log_error(log, "%s: failed to promote due jobs (due check): %s", name, describe_error(exc))
         return result
     replied = trio.current_time()
     delays = {state: due[NEXT_IN_COLUMNS[state]] for state in PROMOTABLE_STATES}
@@ -155,10 +180,34 @@ async def _promote_state(
         raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
         # A failure for one state must not keep the other one waiting.
-        log.error("%s: failed to promote %s jobs: %s", name, state, describe_error(exc))
+        result.log_error(log, "%s: failed to promote %s jobs: %s", name, state, describe_error(exc))
     count = result.promoted.get(state, 0) - before
     if count:
         log.debug("%s: promoted %d %s jobs (%d queues)", name, count, state, len(result.queues))
+
+
+async def promote_batches(
+    ctx: MaintenanceContext,
+    state: str,
+    result: PromoteResult,
+    batch: PromoteBatch,
+    *,
+    batch_size: int = PROMOTE_BATCH_SIZE,
+    max_batches: int = PROMOTE_MAX_BATCHES_PER_TICK,
+) -> None:
+    """Up to ``max_batches`` batches of one state, each recorded in the
+    metrics and the result; stop at the first short one."""
+    for _ in range(max_batches):
+        filed = await batch(batch_size)
+        if filed is None:
+            return
+        ctx.metrics.record_promotion_batch(state, filed.promoted, trio.current_time() - filed.started)
+        ctx.metrics.record_promotion_lateness(state, filed.lateness)
+        result.batches += 1
+        result.promoted[state] = result.promoted.get(state, 0) + filed.promoted
+        result.queues.update(filed.queues)
+        if filed.promoted < batch_size:
+            return
 
 
 def record_empty_pass(ctx: MaintenanceContext, state: str, result: PromoteResult, seconds: float) -> None:
@@ -189,7 +238,8 @@ async def promote_row_by_row(
             await on_claim_conflict(job_id)
             continue
         except ConnectionLost as exc:
-            log.error(
+            result.log_error(
+                log,
                 "%s: connection lost during row-by-row promotion; %d %s jobs left for the next tick: %s",
                 name,
                 len(ids) - position,
@@ -200,8 +250,13 @@ async def promote_row_by_row(
         except LockTimeout:
             raise  # a yield: the branch retries at its next tick
         except DatabaseError as exc:
-            log.error(
-                "%s: promoting %s job %d failed; skipping it: %s", name, state, job_id, describe_error(exc)
+            result.log_error(
+                log,
+                "%s: promoting %s job %d failed; skipping it: %s",
+                name,
+                state,
+                job_id,
+                describe_error(exc),
             )
             result.skipped.append(job_id)
             continue

@@ -36,8 +36,9 @@ import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
+from ..body import BodyResult
 from ..context import MaintenanceContext
 from ..db import Connection
 from ..hooks import FollowUpJob, Hooks, JobCancelled, JobRescued, RescueReason
@@ -93,27 +94,24 @@ CANCEL_NOTICES = Fragment(
 CANCEL_NOTICES_SQL = Statement(CANCEL_NOTICES(unless="true"))
 
 
-class Rescue(Protocol):
-    """What the shared loop needs of one rescue branch (either engine's)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rescue:
+    """What the shared loop needs of one rescue branch; each engine's rescue
+    type adds its statements."""
 
-    @property
-    def name(self) -> str: ...
+    #: Branch name (logs, tracker).
+    name: str
     #: ``awa.rescue.kind`` metric attribute: heartbeat, deadline, callback_timeout.
-    @property
-    def metric_kind(self) -> str: ...
-    @property
-    def reason(self) -> RescueReason: ...
+    metric_kind: str
+    reason: RescueReason
     #: Whether attempts still running in this process are signalled.
-    @property
-    def cancels_in_flight(self) -> bool: ...
-    #: The config field holding the branch's interval (sets the drain budget);
-    #: None: the budget is ``drain_time_budget`` alone.
-    @property
-    def interval_setting(self) -> str | None: ...
+    cancels_in_flight: bool
+    #: Error entry of a job cancelled as a superseded duplicate.
+    duplicate_error: str
 
 
 @dataclasses.dataclass
-class RescueResult:
+class RescueResult(BodyResult):
     """One rescue tick (or one batch of it), on either engine."""
 
     #: Rows as committed: retryable, or failed for an exhausted callback
@@ -157,6 +155,7 @@ class RescueResult:
         self.follow_ups_inserted += batch.follow_ups_inserted
         self.follow_up_failures += batch.follow_up_failures
         self.events_dropped += batch.events_dropped
+        self.errors += batch.errors
 
 
 #: One engine's batch: fills the part it is given (rescued, cancelled, ...)
@@ -164,10 +163,12 @@ class RescueResult:
 RescueBatch = Callable[[RescueResult, int], Awaitable[BatchOutcome | None]]
 
 
-def rescue_budget(ctx: MaintenanceContext, rescue: Rescue) -> DrainBudget:
-    if rescue.interval_setting is None:
+def rescue_budget(ctx: MaintenanceContext) -> DrainBudget:
+    """The tick's budget, from the interval of the branch the body runs for
+    (a body called on its own has ``drain_time_budget`` alone)."""
+    if ctx.interval is None:
         return DrainBudget(ctx.config.drain_time_budget)
-    return DrainBudget.for_interval(ctx.config, getattr(ctx.config, rescue.interval_setting))
+    return DrainBudget.for_interval(ctx.config, ctx.interval)
 
 
 async def drain_rescues(
@@ -176,7 +177,7 @@ async def drain_rescues(
     """One tick of a rescue branch: batches until one comes back short or
     the budget is spent, each batch's side effects right after it commits."""
     result = RescueResult()
-    budget = budget or rescue_budget(ctx, rescue)
+    budget = budget or rescue_budget(ctx)
     batch_size = ctx.config.rescue_batch_size
 
     async def one_batch() -> BatchOutcome | None:
@@ -238,7 +239,7 @@ async def apply_side_effects(ctx: MaintenanceContext, rescue: Rescue, part: Resc
     if hooks is None:
         return
     part.cancelled_in_flight = hooks.cancel_in_flight(
-        attempts_to_cancel(rescue, part.rescued, part.duplicates_cancelled)
+        attempts_to_cancel(rescue, part.rescued, part.duplicates_cancelled), part.errors
     )
     if part.cancelled_in_flight:
         log.info("%s: signalled %d attempts running in this process", rescue.name, part.cancelled_in_flight)
@@ -298,8 +299,13 @@ async def insert_follow_ups(
         follow_ups = hooks.follow_ups_for(job, rescue.reason)
     except Exception:
         # Application code: whatever it raises must not undo or stop the sweep.
-        log.exception(
-            "%s: follow-up factory for %s job %s failed; the rescue stands", rescue.name, job.kind, job.label
+        result.log_error(
+            log,
+            "%s: follow-up factory for %s job %s failed; the rescue stands",
+            rescue.name,
+            job.kind,
+            job.label,
+            exc_info=True,
         )
         result.follow_up_failures += 1
         return
@@ -311,7 +317,8 @@ async def insert_follow_ups(
                 await conn.fetchval(*INSERT_FOLLOW_UP_SQL.bind(**follow_up_parameters(follow_up)))
     except Exception as exc:
         # DatabaseError, or application data the driver cannot encode.
-        log.error(
+        result.log_error(
+            log,
             "%s: inserting %d follow-up jobs for %s job %s failed, none inserted; the rescue stands: %s",
             rescue.name,
             len(follow_ups),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from ...body import BodyResult
 from ...context import MaintenanceContext
 from ...sql import Statement
 
@@ -34,7 +35,7 @@ REFRESH_ADMIN_METADATA_SQL = Statement("SELECT awa.refresh_admin_metadata()")
 
 
 @dataclasses.dataclass
-class RecomputeDirtyResult:
+class RecomputeDirtyResult(BodyResult):
     #: Dirty queue and kind keys drained and recomputed this pass.
     keys_recomputed: int = 0
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from ...body import BodyResult
 from ...context import MaintenanceContext
 from ...maintenance.drain import BatchOutcome, DrainBudget, drain
 from ...sql import Statement
@@ -68,7 +69,7 @@ AGE_WAITING_PRIORITIES_SQL = Statement("""
 
 
 @dataclasses.dataclass
-class PriorityAgingResult:
+class PriorityAgingResult(BodyResult):
     #: Jobs moved up one priority level this pass.
     aged: int = 0
     #: Distinct queues of the aged jobs.

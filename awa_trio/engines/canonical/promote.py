@@ -31,8 +31,12 @@ from ...jobs import JOB_COLUMNS, JobRow
 from ...maintenance.promotion import (
     NEXT_IN_COLUMNS,
     PROMOTABLE_STATES,
+    PROMOTE_BATCH_SIZE,
+    PROMOTE_MAX_BATCHES_PER_TICK,
     STATE_LITERALS,
+    PromotedBatch,
     PromoteResult,
+    promote_batches,
     promote_due,
 )
 from ...maintenance.promotion import promote_row_by_row as shared_row_by_row
@@ -42,9 +46,6 @@ from .unique_claims import holder_text, unique_claim_holder
 log = logging.getLogger(__name__)
 
 NAME = "promote_scheduled"
-PROMOTE_BATCH_SIZE = 4096
-PROMOTE_MAX_BATCHES_PER_TICK = 32
-#: Promoted in this order each tick.
 #: Error entry of a due job cancelled because another job holds its unique claim.
 DUPLICATE_ERROR = "cancelled as duplicate: came due while another job held its unique claim"
 
@@ -204,10 +205,11 @@ async def promote_due_state(ctx: MaintenanceContext, state: str, result: Promote
     A batch refused over one row (a unique claim, a value a trigger rejects)
     goes row by row, so only that row waits."""
     statement = PROMOTE_DUE_SQL[state]
-    for _ in range(PROMOTE_MAX_BATCHES_PER_TICK):
+
+    async def batch(limit: int) -> PromotedBatch | None:
         started = trio.current_time()
         try:
-            rows = await ctx.db.fetch(*statement.bind(limit=PROMOTE_BATCH_SIZE))
+            rows = await ctx.db.fetch(*statement.bind(limit=limit))
         except QueryError as exc:
             problem = row_level_refusal(exc)
             if problem is None:
@@ -221,15 +223,17 @@ async def promote_due_state(ctx: MaintenanceContext, state: str, result: Promote
             )
             await promote_row_by_row(ctx, state, result)
             # What is left is due again next tick, batched once more.
-            return
-        promoted = len(rows)
-        ctx.metrics.record_promotion_batch(state, promoted, trio.current_time() - started)
-        ctx.metrics.record_promotion_lateness(state, (row["lateness"] for row in rows))
-        result.batches += 1
-        result.promoted[state] = result.promoted.get(state, 0) + promoted
-        result.queues.update(row["queue"] for row in rows)
-        if promoted < PROMOTE_BATCH_SIZE:
-            return
+            return None
+        return PromotedBatch(
+            started,
+            len(rows),
+            queues=(row["queue"] for row in rows),
+            lateness=(row["lateness"] for row in rows),
+        )
+
+    await promote_batches(
+        ctx, state, result, batch, batch_size=PROMOTE_BATCH_SIZE, max_batches=PROMOTE_MAX_BATCHES_PER_TICK
+    )
 
 
 async def promote_row_by_row(ctx: MaintenanceContext, state: str, result: PromoteResult) -> None:
@@ -255,7 +259,8 @@ async def cancel_duplicate(ctx: MaintenanceContext, state: str, job_id: int, res
             *CANCEL_DUPLICATE_SQL.bind(job_id=job_id, state=state, error=DUPLICATE_ERROR)
         )
     except UniqueViolation:
-        log.error(
+        result.log_error(
+            log,
             "%s: cannot promote or cancel %s job %d: the unique claim is held by job %s "
             "and its unique_states include 'cancelled'; leaving it (resolve by hand)",
             NAME,
@@ -268,7 +273,8 @@ async def cancel_duplicate(ctx: MaintenanceContext, state: str, job_id: int, res
     except LockTimeout:
         raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
-        log.error(
+        result.log_error(
+            log,
             "%s: cancelling duplicate %s job %d failed; skipping it: %s",
             NAME,
             state,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from ...body import BodyResult
 from ...context import MaintenanceContext
 from ...maintenance.queue_info import DEPTH_STATES, publish_info
 from ...sql import Statement
@@ -99,7 +100,7 @@ class QueueStats:
 
 
 @dataclasses.dataclass
-class QueueStatsResult:
+class QueueStatsResult(BodyResult):
     #: What was published, one entry per queue, ordered by queue name.
     queues: list[QueueStats] = dataclasses.field(default_factory=list)
 

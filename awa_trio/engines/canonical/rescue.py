@@ -58,11 +58,11 @@ from ...db import (
     describe_error,
     row_level_refusal,
 )
-from ...hooks import RescueReason
 from ...jobs import JOB_COLUMNS, JobRow
 from ...maintenance.drain import BatchOutcome, DrainBudget
 from ...maintenance.rescue import (
     CANCEL_NOTICES_SQL,
+    Rescue,
     RescueResult,
     attempts_to_cancel,
     drain_rescues,
@@ -185,7 +185,7 @@ def running_to_retryable_statements(*, predicate: str, order_by: str) -> SweepSt
 
 
 @dataclasses.dataclass(frozen=True)
-class RescueSweep:
+class RescueSweep(Rescue):
     """One rescue branch's SQL and vocabulary.
 
     The three statements take the branch's own named parameters (``params``
@@ -194,11 +194,6 @@ class RescueSweep:
     ``candidates_sql`` ``:limit``.
     """
 
-    #: Branch name (logs, tracker).
-    name: str
-    #: ``awa.rescue.kind`` metric attribute: heartbeat, deadline, callback_timeout.
-    metric_kind: str
-    reason: RescueReason
     #: The state a candidate is in (guards the duplicate cancellation).
     from_state: str
     #: Rescue up to N candidates, RETURNING the rescued rows.
@@ -209,13 +204,6 @@ class RescueSweep:
     candidates_sql: Statement
     #: Error entry appended to a rescued job.
     rescue_error: str
-    #: Error entry of a job cancelled as a superseded duplicate.
-    duplicate_error: str
-    #: Whether attempts still running in this process are signalled.
-    cancels_in_flight: bool
-    #: The config field holding this branch's interval (sets the drain budget);
-    #: None: the budget is ``drain_time_budget`` alone.
-    interval_setting: str | None = None
     #: The ``awa:cancel`` notices of the attempts a statement took (the
     #: canonical drain's variant skips ids a queue-storage attempt shares).
     cancel_notices_sql: Statement = CANCEL_NOTICES_SQL
@@ -311,7 +299,8 @@ async def rescue_row_by_row(
             await cancel_duplicate(ctx, sweep, job_id, result)
             continue
         except ConnectionLost as exc:
-            log.error(
+            result.log_error(
+                log,
                 "%s: connection lost during row-by-row rescue; %d candidates left for the next pass: %s",
                 sweep.name,
                 len(ids) - position,
@@ -321,7 +310,7 @@ async def rescue_row_by_row(
         except LockTimeout:
             raise  # a yield: the branch retries at its next tick
         except DatabaseError as exc:
-            log.error("%s: rescue of job %d failed; skipping it: %s", sweep.name, job_id, exc)
+            result.log_error(log, "%s: rescue of job %d failed; skipping it: %s", sweep.name, job_id, exc)
             result.skipped.append(job_id)
             continue
         # None (nothing rescued): finished, heartbeated or taken by someone
@@ -343,7 +332,8 @@ async def cancel_duplicate(
             cancelled = [] if record is None else [JobRow.from_record(record)]
             notices = await send_notices(conn, ctx, sweep, cancelled=cancelled)
     except UniqueViolation:
-        log.error(
+        result.log_error(
+            log,
             "%s: cannot rescue or cancel job %d: the unique claim is held by job %s and "
             "job %d's unique_states include 'cancelled'; skipping it (resolve by hand)",
             sweep.name,
@@ -356,7 +346,9 @@ async def cancel_duplicate(
     except LockTimeout:
         raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
-        log.error("%s: cancelling duplicate job %d failed; skipping it: %s", sweep.name, job_id, exc)
+        result.log_error(
+            log, "%s: cancelling duplicate job %d failed; skipping it: %s", sweep.name, job_id, exc
+        )
         result.skipped.append(job_id)
         return
     if record is None:

@@ -121,7 +121,6 @@ SWEEP = RescueSweep(
     rescue_error=RESCUE_ERROR,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=False,
-    interval_setting="callback_rescue_interval",
 )
 
 

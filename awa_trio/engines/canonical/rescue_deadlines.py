@@ -41,7 +41,6 @@ SWEEP = RescueSweep(
     rescue_error=RESCUE_ERROR,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=True,
-    interval_setting="deadline_rescue_interval",
 )
 
 

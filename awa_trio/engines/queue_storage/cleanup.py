@@ -144,7 +144,7 @@ async def purge_pass(
         except LockTimeout:
             raise  # a yield: the branch retries at its next tick
         except QueryError as exc:
-            log.error("%s: failed to purge %s: %s", NAME, step, describe_error(exc))
+            result.log_error(log, "%s: failed to purge %s: %s", NAME, step, describe_error(exc))
             result.failed_steps.append(step)
             return None
         deleted = rows_affected(status)

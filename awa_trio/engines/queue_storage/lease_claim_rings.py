@@ -47,6 +47,7 @@ from typing import Any
 
 from ...context import MaintenanceContext
 from ...db import LOCK_NOT_AVAILABLE, QueryError
+from ...maintenance.lock_timeout import set_local_lock_timeout
 from ...sql import Fragment, Statement
 from ...tracker import PruneOutcome
 from .layout import PRUNE_LOCK_TIMEOUT, SCHEMA_LITERAL, schema_literal, schema_name
@@ -182,8 +183,6 @@ LOCK_SLOT_ROW_SQL = Statement("""
 CURRENT_SLOT_SQL = Statement("""
     SELECT current_slot FROM {schema}.{ring}_ring_state WHERE singleton
 """)
-
-SET_LOCAL_LOCK_TIMEOUT_SQL = Statement("SELECT set_config('lock_timeout', :lock_timeout, true)")
 
 LOCK_CHILDREN_SQL = Statement("LOCK TABLE {children} IN ACCESS EXCLUSIVE MODE")
 
@@ -324,9 +323,7 @@ async def prune_oldest(
             if live:
                 return _skipped(slot, tables.live_reason, live, after_lock=False)
 
-            await conn.execute(
-                *SET_LOCAL_LOCK_TIMEOUT_SQL.bind(lock_timeout=f"{max(1, round(lock_timeout * 1000))}ms")
-            )
+            await set_local_lock_timeout(conn, lock_timeout)
             children = ", ".join(tables.child_tables(schema, slot))
             locking = time.perf_counter()
             await conn.execute(*LOCK_CHILDREN_SQL.bind(children=children))

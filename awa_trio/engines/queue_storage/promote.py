@@ -71,8 +71,12 @@ from ...maintenance.promotion import (
     ASYNC_COMMIT,
     NEXT_IN_COLUMNS,
     PROMOTABLE_STATES,
+    PROMOTE_BATCH_SIZE,
+    PROMOTE_MAX_BATCHES_PER_TICK,
     STATE_LITERALS,
+    PromotedBatch,
     PromoteResult,
+    promote_batches,
     promote_due,
 )
 from ...maintenance.promotion import promote_row_by_row as shared_row_by_row
@@ -82,9 +86,6 @@ from .layout import mask_claims, schema_name
 log = logging.getLogger(__name__)
 
 NAME = "promote_scheduled"
-PROMOTE_BATCH_SIZE = 4096
-PROMOTE_MAX_BATCHES_PER_TICK = 32
-#: Promoted in this order each tick.
 #: Due rows looked at when checking for lanes that do not exist yet.
 LANE_CHECK_WINDOW = PROMOTE_BATCH_SIZE * PROMOTE_MAX_BATCHES_PER_TICK
 
@@ -548,38 +549,39 @@ async def promote_due_state(ctx: MaintenanceContext, schema: str, state: str, re
     batch tried again, once."""
     pick_sql = PICK_BATCH_SQL[state]
     lanes_created = False
-    batches = 0
-    while batches < PROMOTE_MAX_BATCHES_PER_TICK:
-        started = trio.current_time()
-        try:
-            rows = await run_batch(
-                ctx, schema, pick_sql, limit=PROMOTE_BATCH_SIZE, shard_rotor=next(_shard_rotor)
+
+    async def batch(limit: int) -> PromotedBatch | None:
+        nonlocal lanes_created
+        while True:
+            started = trio.current_time()
+            try:
+                rows = await run_batch(ctx, schema, pick_sql, limit=limit, shard_rotor=next(_shard_rotor))
+            except UniqueViolation as exc:
+                log.warning(
+                    "%s: a batch of %s jobs hit a unique-claim conflict (%s); promoting row by row",
+                    NAME,
+                    state,
+                    exc,
+                )
+                await promote_row_by_row(ctx, schema, state, result)
+                # What is left is due again next tick, batched once more.
+                return None
+            except QueryError as exc:
+                if exc.sqlstate != MISSING_LANE_SQLSTATE or lanes_created:
+                    raise
+                lanes_created = True
+                await ensure_lanes(ctx, MISSING_LANES_SQL[state], result)
+                continue  # the same batch again, not counted twice
+            return PromotedBatch(
+                started,
+                sum(row["rows"] for row in rows),
+                queues=(row["queue"] for row in rows),
+                lateness=(value for row in rows for value in row["lateness"]),
             )
-        except UniqueViolation as exc:
-            log.warning(
-                "%s: a batch of %s jobs hit a unique-claim conflict (%s); promoting row by row",
-                NAME,
-                state,
-                exc,
-            )
-            await promote_row_by_row(ctx, schema, state, result)
-            # What is left is due again next tick, batched once more.
-            return
-        except QueryError as exc:
-            if exc.sqlstate != MISSING_LANE_SQLSTATE or lanes_created:
-                raise
-            lanes_created = True
-            await ensure_lanes(ctx, MISSING_LANES_SQL[state], result)
-            continue
-        batches += 1
-        promoted = sum(row["rows"] for row in rows)
-        ctx.metrics.record_promotion_batch(state, promoted, trio.current_time() - started)
-        ctx.metrics.record_promotion_lateness(state, (value for row in rows for value in row["lateness"]))
-        result.batches += 1
-        result.promoted[state] = result.promoted.get(state, 0) + promoted
-        result.queues.update(row["queue"] for row in rows)
-        if promoted < PROMOTE_BATCH_SIZE:
-            return
+
+    await promote_batches(
+        ctx, state, result, batch, batch_size=PROMOTE_BATCH_SIZE, max_batches=PROMOTE_MAX_BATCHES_PER_TICK
+    )
 
 
 async def run_batch(

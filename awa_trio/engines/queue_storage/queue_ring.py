@@ -324,8 +324,6 @@ CURRENT_SLOT_HAS_TRAFFIC_SQL = Statement("SELECT EXISTS (SELECT 1 FROM {ready_ch
 
 LOCK_SLOT_SQL = Statement("LOCK TABLE {children} IN ACCESS EXCLUSIVE MODE")
 
-SET_LOCK_TIMEOUT_SQL = Statement("SELECT set_config('lock_timeout', :lock_timeout, true)")
-
 # Re-home failed rows inside the retention floor (:floor seconds) into the
 # live slot (:live_slot, generation :live_generation), widened to a self-contained row: the ready rows
 # they would otherwise borrow args/payload/timestamps from are truncated with

@@ -47,8 +47,10 @@ import dataclasses
 import logging
 from typing import Any
 
+from ...body import BodyResult
 from ...context import MaintenanceContext
 from ...db import LOCK_NOT_AVAILABLE, Connection, QueryError, describe_error
+from ...maintenance.lock_timeout import set_local_lock_timeout
 from ...maintenance.queue_info import DEPTH_STATES, publish_info
 from ...sql import Fragment, Statement
 from .layout import schema_name
@@ -58,8 +60,6 @@ log = logging.getLogger(__name__)
 NAME = "queue_stats"
 #: Longest any statement of this branch waits for a table lock (seconds).
 RING_LOCK_TIMEOUT = 0.1
-#: RING_LOCK_TIMEOUT for the current transaction only (SET LOCAL).
-SET_LOCK_TIMEOUT_SQL = Statement("SELECT set_config('lock_timeout', :lock_timeout, true)")
 
 CONTROL_PART = "control"
 LEASE_RING_PART = "lease_ring"
@@ -225,7 +225,7 @@ class QueueStats:
 
 
 @dataclasses.dataclass
-class QueueStatsResult:
+class QueueStatsResult(BodyResult):
     #: What was published, one entry per queue, ordered by queue name.
     queues: list[QueueStats] = dataclasses.field(default_factory=list)
     #: Parts that gave up on a lock this tick (their gauges kept last values).
@@ -289,7 +289,7 @@ async def _read_part(conn: Connection, result: QueueStatsResult, part: str, sql:
     """One part's rows, or None when a lock held it up past RING_LOCK_TIMEOUT."""
     try:
         async with conn.transaction():
-            await conn.execute(*SET_LOCK_TIMEOUT_SQL.bind(lock_timeout=f"{int(RING_LOCK_TIMEOUT * 1000)}ms"))
+            await set_local_lock_timeout(conn, RING_LOCK_TIMEOUT)
             return await conn.fetch(sql)
     except QueryError as exc:
         if exc.sqlstate != LOCK_NOT_AVAILABLE:

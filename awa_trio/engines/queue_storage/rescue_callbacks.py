@@ -25,7 +25,8 @@ from ...db import Connection
 from ...hooks import RescueReason
 from ...maintenance.rescue import RescueResult
 from ...sql import Statement
-from .rescue import TAKE_LEASES_TEMPLATE, QueueStorageRescue, run_rescue
+from .rescue import QueueStorageRescue, run_rescue
+from .rescue_sql import TAKE_LEASES_TEMPLATE
 
 NAME = "rescue_expired_callbacks"
 METRIC_KIND = "callback_timeout"
@@ -60,7 +61,6 @@ RESCUE = QueueStorageRescue(
     name=NAME,
     metric_kind=METRIC_KIND,
     reason=RescueReason.EXPIRED_CALLBACK,
-    interval_setting="callback_rescue_interval",
     take=take_expired_callbacks,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=False,

@@ -22,15 +22,8 @@ from ...db import Connection
 from ...hooks import RescueReason
 from ...maintenance.rescue import RescueResult
 from ...sql import Statement
-from .rescue import (
-    COMPLETION_LOCK_KEY,
-    OUTCOME_DEADLINE_RECEIPT,
-    STILL_OPEN,
-    TAKE_LEASES_TEMPLATE,
-    QueueStorageRescue,
-    run_rescue,
-    take_receipts,
-)
+from .rescue import QueueStorageRescue, run_rescue, take_receipts
+from .rescue_sql import COMPLETION_LOCK_KEY, OUTCOME_DEADLINE_RECEIPT, STILL_OPEN, TAKE_LEASES_TEMPLATE
 
 NAME = "rescue_expired_deadlines"
 METRIC_KIND = "deadline"
@@ -47,7 +40,7 @@ TAKE_EXPIRED_LEASES_SQL = Statement(
     )
 )
 
-# Receipt side, step 1 of 2 (step 2: rescue.CLOSE_RECEIPTS_SQL). The same
+# Receipt side, step 1 of 2 (step 2: rescue_sql.CLOSE_RECEIPTS_SQL). The same
 # parameters less :error.
 LOCK_EXPIRED_RECEIPTS_SQL = Statement(
     """
@@ -113,7 +106,6 @@ RESCUE = QueueStorageRescue(
     name=NAME,
     metric_kind=METRIC_KIND,
     reason=RescueReason.DEADLINE_EXCEEDED,
-    interval_setting="deadline_rescue_interval",
     take=take_expired,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=True,

@@ -25,15 +25,8 @@ from ...db import Connection
 from ...hooks import RescueReason
 from ...maintenance.rescue import RescueResult
 from ...sql import Statement
-from .rescue import (
-    COMPLETION_LOCK_KEY,
-    OUTCOME_STALE_RECEIPT,
-    STILL_OPEN,
-    TAKE_LEASES_TEMPLATE,
-    QueueStorageRescue,
-    run_rescue,
-    take_receipts,
-)
+from .rescue import QueueStorageRescue, run_rescue, take_receipts
+from .rescue_sql import COMPLETION_LOCK_KEY, OUTCOME_STALE_RECEIPT, STILL_OPEN, TAKE_LEASES_TEMPLATE
 
 NAME = "rescue_stale_heartbeats"
 METRIC_KIND = "heartbeat"
@@ -53,7 +46,7 @@ TAKE_STALE_LEASES_SQL = Statement(
     cutoff=_CUTOFF,
 )
 
-# Receipt side, step 1 of 2 (step 2: rescue.CLOSE_RECEIPTS_SQL). The same
+# Receipt side, step 1 of 2 (step 2: rescue_sql.CLOSE_RECEIPTS_SQL). The same
 # parameters less :error. Candidates first (no locks), then only those are
 # locked: the completion lock is tried on the candidate columns so that it
 # is never evaluated for any other claim.
@@ -190,7 +183,6 @@ RESCUE = QueueStorageRescue(
     name=NAME,
     metric_kind=METRIC_KIND,
     reason=RescueReason.STALE_HEARTBEAT,
-    interval_setting="heartbeat_rescue_interval",
     take=take_stale,
     duplicate_error=DUPLICATE_ERROR,
     cancels_in_flight=True,

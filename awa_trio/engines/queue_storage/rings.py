@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ...body import BodyResult
 from ...context import MaintenanceContext
 from ...db import DatabaseError, LockTimeout, describe_error
 from ...tracker import PruneOutcome
@@ -74,7 +75,7 @@ class PruneResult:
 
 
 @dataclasses.dataclass
-class RingTickResult:
+class RingTickResult(BodyResult):
     rotate: RotateResult | None = None
     prune: PruneResult | None = None
     #: True when the tracker's backoff skipped this tick's prune.
@@ -99,7 +100,7 @@ async def run_ring_tick(
     except LockTimeout:
         raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
-        log.error("%s: rotate failed: %s", branch, describe_error(exc))
+        result.log_error(log, "%s: rotate failed: %s", branch, describe_error(exc))
     else:
         record_rotate(ctx, ring, result.rotate, branch)
 
@@ -117,7 +118,7 @@ async def run_ring_tick(
     except LockTimeout:
         raise  # a yield: the branch retries at its next tick
     except DatabaseError as exc:
-        log.error("%s: prune failed: %s", branch, describe_error(exc))
+        result.log_error(log, "%s: prune failed: %s", branch, describe_error(exc))
         return result
     record_prune(ctx, ring, result.prune, branch)
     await ctx.tracker.report_prune(branch, result.prune.outcome)

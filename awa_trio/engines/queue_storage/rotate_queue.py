@@ -53,6 +53,7 @@ from typing import Any
 
 from ...context import MaintenanceContext
 from ...db import LOCK_NOT_AVAILABLE, Connection, Database, QueryError
+from ...maintenance.lock_timeout import set_local_lock_timeout
 from ...tracker import PruneOutcome
 from . import queue_ring as sql
 from .layout import PRUNE_LOCK_TIMEOUT, schema_literal, schema_name
@@ -198,7 +199,7 @@ async def _prune_in_transaction(
                 )
 
     children = ", ".join(sql.slot_children(schema, slot))
-    await conn.execute(*sql.SET_LOCK_TIMEOUT_SQL.bind(lock_timeout=f"{max(1, round(lock_timeout * 1000))}ms"))
+    await set_local_lock_timeout(conn, lock_timeout)
     locking = time.perf_counter()
     try:
         await conn.execute(*sql.LOCK_SLOT_SQL.bind(children=children))

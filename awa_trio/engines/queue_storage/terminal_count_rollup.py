@@ -40,8 +40,10 @@ import dataclasses
 import enum
 import logging
 
+from ...body import BodyResult
 from ...context import MaintenanceContext
 from ...db import LOCK_NOT_AVAILABLE, Connection, QueryError
+from ...maintenance.lock_timeout import set_local_lock_timeout
 from ...sql import Statement
 from .layout import QueueStorageLayout, read_layout
 from .queue_ring import UNCLOSED_CLAIMS
@@ -51,7 +53,7 @@ log = logging.getLogger(__name__)
 NAME = "terminal_count_rollup"
 MAX_SLOTS_PER_TICK = 4
 #: How long the rollup waits for the delta child's lock (upstream's prune lock timeout).
-ROLLUP_LOCK_TIMEOUT = "10ms"
+ROLLUP_LOCK_TIMEOUT = 0.010
 
 CURRENT_SLOT_SQL = Statement("SELECT current_slot FROM {schema}.queue_ring_state WHERE singleton")
 
@@ -111,8 +113,6 @@ PENDING_READY_SQL = Statement("""
         )
     )
 """)
-
-SET_LOCK_TIMEOUT_SQL = Statement("SELECT set_config('lock_timeout', :lock_timeout, true)")
 
 LOCK_DELTAS_SQL = Statement("LOCK TABLE {schema}.queue_terminal_count_deltas_{slot} IN ACCESS EXCLUSIVE MODE")
 
@@ -187,7 +187,7 @@ class SlotOutcome(enum.Enum):
 
 
 @dataclasses.dataclass
-class RollupResult:
+class RollupResult(BodyResult):
     """Upstream's outcome counts, plus what happened to each slot tried."""
 
     rolled_slots: int = 0
@@ -286,7 +286,7 @@ async def _rollup_slot_tx(conn: Connection, schema: str, slot: int, generation: 
     if await conn.fetchval(*PENDING_READY_SQL.bind(schema, slot=child, generation=generation)):
         return _Slot(SlotOutcome.SKIPPED_ACTIVE, "pending_ready_rows")
 
-    await conn.execute(*SET_LOCK_TIMEOUT_SQL.bind(lock_timeout=ROLLUP_LOCK_TIMEOUT))
+    await set_local_lock_timeout(conn, ROLLUP_LOCK_TIMEOUT)
     await conn.execute(*LOCK_DELTAS_SQL.bind(schema, slot=child))
     if await conn.fetchval(*ACTIVE_LEASES_SQL.bind(schema, slot=slot, generation=generation)):
         return _Slot(SlotOutcome.SKIPPED_ACTIVE, "active_leases")
