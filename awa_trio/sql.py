@@ -107,7 +107,10 @@ class Fragment:
         # (Promotion's FILE is placed per batch, with long array literals:
         # only a value with a brace is read.)
         carried = frozenset(slot for value in columns.values() if "{" in value for slot in slots_of(value))
-        return PlacedText(_fill_slots(self.text, columns), carried)
+        text = _fill_slots(self.text, columns)
+        # A plain str unless it carries slots: text filled per call goes to
+        # the driver as it is, and asyncpg takes only an exact str.
+        return PlacedText(text, carried) if carried else text
 
 
 class PlacedText(str):

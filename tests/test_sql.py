@@ -172,3 +172,13 @@ def test_a_statement_names_the_slots_it_filled_in_a_second_pass() -> None:
     assert flat.nested == () and flat.text == nested.text
     # An identifier a placed value carries is left for the bind: not nested.
     assert Statement(take(predicate="lease_slot = {slot}")).slots == {"schema", "slot"}
+
+
+def test_a_fragment_filled_with_finished_text_is_an_exact_str_for_the_driver():
+    """asyncpg refuses a str subclass as query text ("Expected str"):
+    promotion's FILE is a fragment filled per batch and sent as it is."""
+    from awa_trio.engines.queue_storage.promote import file_sql
+
+    text = file_sql("awa", [{"job_ids": [1, 2], "first_seq": 7, "enqueue_shard": 0}])
+    assert type(text) is str
+    assert "ARRAY[1,2]" in text

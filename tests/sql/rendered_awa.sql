@@ -1,4 +1,4 @@
--- Every SQL statement of awa_trio (150 awa_trio.sql.Statement objects), rendered for the
+-- Every SQL statement of awa_trio (147 awa_trio.sql.Statement objects), rendered for the
 -- queue-storage schema awa: `python -m awa_trio sql --schema awa`.
 -- Parameters are shown as PostgreSQL receives them ($1, $2, ...), each header naming
 -- them in that order. Statements whose slots name the partitions of one ring slot are
@@ -1492,10 +1492,6 @@ FOR UPDATE;
 -- parameters: $1 :slot
 SELECT slot FROM awa.lease_ring_slots WHERE slot = $1 FOR UPDATE;
 
--- awa_trio.engines.queue_storage.lease_claim_rings.SET_LOCAL_LOCK_TIMEOUT_SQL
--- parameters: $1 :lock_timeout
-SELECT set_config('lock_timeout', $1, true);
-
 -- awa_trio.engines.queue_storage.lease_claim_rings.TRUNCATE_CHILDREN_SQL
 -- identifiers: children=awa.leases_0
 TRUNCATE TABLE awa.leases_0;
@@ -2182,10 +2178,6 @@ CROSS JOIN busy
 LEFT JOIN moved ON true
 LEFT JOIN oldest ON true;
 
--- awa_trio.engines.queue_storage.queue_ring.SET_LOCK_TIMEOUT_SQL
--- parameters: $1 :lock_timeout
-SELECT set_config('lock_timeout', $1, true);
-
 -- awa_trio.engines.queue_storage.queue_ring.SLOT_GENERATION_SQL
 -- parameters: $1 :slot
 SELECT generation FROM awa.queue_ring_slots WHERE slot = $1;
@@ -2332,436 +2324,6 @@ GROUP BY queue;
         lag.lag_seconds
     FROM failed_done
     FULL JOIN lag ON lag.queue = failed_done.queue;
-
--- awa_trio.engines.queue_storage.queue_stats.SET_LOCK_TIMEOUT_SQL
--- parameters: $1 :lock_timeout
-SELECT set_config('lock_timeout', $1, true);
-
--- awa_trio.engines.queue_storage.rescue.CLOSE_RECEIPTS_SQL
--- parameters: $1 :claim_slots, $2 :job_ids, $3 :run_leases, $4 :outcome, $5 :error
-    WITH locked(claim_slot, job_id, run_lease) AS (
-        SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[])
-    ),
-    row_claims AS MATERIALIZED (
-        SELECT
-            claims.claim_slot, claims.ready_slot, claims.ready_generation, claims.job_id,
-            claims.queue, claims.priority, claims.attempt, claims.run_lease,
-            claims.max_attempts, claims.lane_seq, claims.enqueue_shard, claims.claimed_at
-        FROM locked
-        JOIN awa.lease_claims AS claims
-          ON claims.claim_slot = locked.claim_slot
-         AND claims.job_id = locked.job_id
-         AND claims.run_lease = locked.run_lease
-        WHERE claims.closed_at IS NULL
-          AND (
-    NOT EXISTS (
-        SELECT 1 FROM awa.lease_claim_closures AS closures
-        WHERE closures.claim_slot = claims.claim_slot
-          AND closures.job_id = claims.job_id
-          AND closures.run_lease = claims.run_lease
-    )
-    AND NOT EXISTS (
-        SELECT 1 FROM awa.lease_claim_closure_batches AS closure_batches
-        WHERE closure_batches.claim_slot = claims.claim_slot
-          AND closure_batches.receipt_ranges @> claims.receipt_id
-    )
-    AND NOT EXISTS (
-        SELECT 1 FROM awa.done_entries AS done
-        WHERE done.job_id = claims.job_id AND done.run_lease = claims.run_lease
-    )
-    AND NOT EXISTS (
-        SELECT 1 FROM awa.deferred_jobs AS deferred
-        WHERE deferred.job_id = claims.job_id AND deferred.run_lease = claims.run_lease
-    )
-    AND NOT EXISTS (
-        SELECT 1 FROM awa.dlq_entries AS dlq
-        WHERE dlq.job_id = claims.job_id AND dlq.run_lease = claims.run_lease
-    )
-)
-          AND NOT EXISTS (
-              SELECT 1 FROM awa.leases AS lease
-              WHERE lease.job_id = claims.job_id AND lease.run_lease = claims.run_lease
-          )
-    ),
-    batch_items AS MATERIALIZED (
-        -- Each compact batch unnested once (not once per locked attempt).
-        SELECT
-            claim_batches.claim_slot, claim_batches.ready_slot, claim_batches.ready_generation,
-            items.job_id, claim_batches.queue, claim_batches.priority, items.attempt,
-            items.run_lease, items.max_attempts, items.lane_seq, claim_batches.enqueue_shard,
-            claim_batches.claimed_at, items.receipt_id
-        FROM awa.lease_claim_batches AS claim_batches
-        CROSS JOIN LATERAL unnest(
-            claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids,
-            claim_batches.lane_seqs, claim_batches.attempts, claim_batches.max_attempts
-        ) AS items(job_id, run_lease, receipt_id, lane_seq, attempt, max_attempts)
-        WHERE claim_batches.claim_slot = ANY($1::int[])
-          AND claim_batches.job_ids && $2::bigint[]
-    ),
-    batch_claims AS MATERIALIZED (
-        SELECT batch_items.*
-        FROM batch_items
-        JOIN locked
-          ON locked.claim_slot = batch_items.claim_slot
-         AND locked.job_id = batch_items.job_id
-         AND locked.run_lease = batch_items.run_lease
-        WHERE (
-    NOT EXISTS (
-        SELECT 1 FROM awa.lease_claim_closures AS closures
-        WHERE closures.claim_slot = batch_items.claim_slot
-          AND closures.job_id = batch_items.job_id
-          AND closures.run_lease = batch_items.run_lease
-    )
-    AND NOT EXISTS (
-        SELECT 1 FROM awa.lease_claim_closure_batches AS closure_batches
-        WHERE closure_batches.claim_slot = batch_items.claim_slot
-          AND closure_batches.receipt_ranges @> batch_items.receipt_id
-    )
-    AND NOT EXISTS (
-        SELECT 1 FROM awa.done_entries AS done
-        WHERE done.job_id = batch_items.job_id AND done.run_lease = batch_items.run_lease
-    )
-    AND NOT EXISTS (
-        SELECT 1 FROM awa.deferred_jobs AS deferred
-        WHERE deferred.job_id = batch_items.job_id AND deferred.run_lease = batch_items.run_lease
-    )
-    AND NOT EXISTS (
-        SELECT 1 FROM awa.dlq_entries AS dlq
-        WHERE dlq.job_id = batch_items.job_id AND dlq.run_lease = batch_items.run_lease
-    )
-)
-          AND NOT EXISTS (
-              SELECT 1 FROM awa.leases AS lease
-              WHERE lease.job_id = batch_items.job_id
-                AND lease.run_lease = batch_items.run_lease
-          )
-    ),
-    row_closed AS (
-        INSERT INTO awa.lease_claim_closures
-            (claim_slot, job_id, run_lease, outcome, closed_at)
-        SELECT claim_slot, job_id, run_lease, $4::text, clock_timestamp()
-        FROM row_claims
-        ON CONFLICT (claim_slot, job_id, run_lease) DO NOTHING
-        RETURNING claim_slot, job_id, run_lease, closed_at
-    ),
-    row_marked AS (
-        UPDATE awa.lease_claims AS claims
-        SET closed_at = COALESCE(claims.closed_at, row_closed.closed_at)
-        FROM row_closed
-        WHERE claims.claim_slot = row_closed.claim_slot
-          AND claims.job_id = row_closed.job_id
-          AND claims.run_lease = row_closed.run_lease
-        RETURNING claims.job_id
-    ),
-    batch_closed AS (
-        INSERT INTO awa.lease_claim_closure_batches (
-            claim_slot, ready_slot, ready_generation, outcome, closed_count,
-            receipt_ids, receipt_ranges, closed_at
-        )
-        SELECT
-            claim_slot, ready_slot, ready_generation, $4::text, count(*)::int,
-            array_agg(receipt_id ORDER BY receipt_id),
-            range_agg(int8range(receipt_id, receipt_id + 1, '[)') ORDER BY receipt_id),
-            clock_timestamp()
-        FROM batch_claims
-        GROUP BY claim_slot, ready_slot, ready_generation
-        RETURNING claim_slot
-    )
-    SELECT
-        row_claims.ready_slot, row_claims.ready_generation, row_claims.job_id, row_claims.queue,
-        'running'::awa.job_state AS state, row_claims.priority, row_claims.attempt,
-        row_claims.run_lease, row_claims.max_attempts, row_claims.lane_seq,
-        row_claims.enqueue_shard, row_claims.claimed_at AS attempted_at,
-        $5::text AS rescue_error
-    FROM row_claims
-    JOIN row_closed
-      ON row_closed.claim_slot = row_claims.claim_slot
-     AND row_closed.job_id = row_claims.job_id
-     AND row_closed.run_lease = row_claims.run_lease
-    UNION ALL
-    SELECT
-        ready_slot, ready_generation, job_id, queue, 'running'::awa.job_state, priority, attempt,
-        run_lease, max_attempts, lane_seq, enqueue_shard, claimed_at, $5::text
-    FROM batch_claims
-    WHERE EXISTS (SELECT 1 FROM batch_closed);
-
--- awa_trio.engines.queue_storage.rescue.NO_JIT_SQL
-SET LOCAL jit = off;
-
--- awa_trio.engines.queue_storage.rescue.QUEUE_STORAGE_NOTICES_SQL
--- parameters: $1 :job_ids, $2 :run_leases
-SELECT count(pg_notify(
-    'awa:cancel',
-    jsonb_build_object('job_id', attempt.job_id, 'run_lease', attempt.run_lease)::text
-))
-FROM unnest($1::bigint[], $2::bigint[]) AS attempt(job_id, run_lease)
-WHERE NOT EXISTS (
-        SELECT 1 FROM awa.jobs_hot AS hot
-        WHERE hot.id = attempt.job_id
-          AND hot.run_lease = attempt.run_lease
-          AND hot.state = 'running'
-    );
-
--- awa_trio.engines.queue_storage.rescue.SETTLE_SQL
--- parameters: $1 :ready_slot, $2 :ready_generation, $3 :job_id, $4 :queue, $5 :state, $6 :priority, $7 :attempt, $8 :run_lease, $9 :max_attempts, $10 :lane_seq, $11 :enqueue_shard, $12 :attempted_at, $13 :rescue_error, $14 :cancel, $15 :exhausts_to_failed, $16 :dlq_queues, $17 :duplicate_error, $18 :dlq_reason
-WITH taken AS MATERIALIZED (
-    SELECT *
-    FROM unnest(
-        $1::int[], $2::bigint[], $3::bigint[], $4::text[], $5::awa.job_state[],
-        $6::smallint[], $7::smallint[], $8::bigint[], $9::smallint[], $10::bigint[],
-        $11::smallint[], $12::timestamptz[], $13::text[]
-    ) AS t(
-        ready_slot, ready_generation, job_id, queue, old_state, priority, attempt,
-        run_lease, max_attempts, lane_seq, enqueue_shard, attempted_at, rescue_error
-    )
-),
-hydrated AS MATERIALIZED (
-    SELECT
-        taken.*,
-        ready.kind, ready.args, ready.run_at, ready.created_at, ready.unique_key,
-        ready.unique_states,
-        CASE WHEN jsonb_typeof(ready.payload) = 'object' THEN ready.payload
-             ELSE '{}'::jsonb END AS base_payload
-    FROM taken
-    JOIN awa.ready_entries AS ready
-      ON ready.ready_slot = taken.ready_slot
-     AND ready.ready_generation = taken.ready_generation
-     AND ready.queue = taken.queue
-     AND ready.enqueue_shard = taken.enqueue_shard
-     AND ready.lane_seq = taken.lane_seq
-     AND ready.job_id = taken.job_id
-),
-attempt_rows AS (
-    DELETE FROM awa.attempt_state AS attempt
-    USING taken
-    WHERE attempt.job_id = taken.job_id
-      AND attempt.run_lease = taken.run_lease
-    RETURNING attempt.job_id, attempt.run_lease, attempt.progress
-),
-planned AS MATERIALIZED (
-    SELECT
-        hydrated.*,
-        attempt_rows.progress,
-        CASE
-            WHEN $14::boolean THEN 'cancelled'
-            WHEN $15::boolean AND hydrated.attempt >= hydrated.max_attempts THEN
-                CASE WHEN hydrated.queue = ANY($16::text[]) THEN 'dlq' ELSE 'failed' END
-            ELSE 'retryable'
-        END AS target
-    FROM hydrated
-    LEFT JOIN attempt_rows
-      ON attempt_rows.job_id = hydrated.job_id
-     AND attempt_rows.run_lease = hydrated.run_lease
-),
-claiming AS MATERIALIZED (
-    SELECT
-        planned.*,
-        planned.unique_key IS NOT NULL
-            AND COALESCE(substr(planned.unique_states, array_position(enum_range(NULL::awa.job_state), (planned.old_state)::awa.job_state), 1) = '1', false) AS old_claims,
-        planned.unique_key IS NOT NULL AND planned.target <> 'cancelled'
-            AND COALESCE(substr(planned.unique_states, array_position(enum_range(NULL::awa.job_state), (CASE planned.target WHEN 'dlq' THEN 'failed' ELSE planned.target END)::awa.job_state), 1) = '1', false) AS new_claims
-    FROM planned
-),
-wanted AS (
-    SELECT DISTINCT ON (unique_key) unique_key, job_id
-    FROM claiming
-    WHERE new_claims AND NOT old_claims
-    ORDER BY unique_key, job_id
-),
-acquired AS (
-    INSERT INTO awa.job_unique_claims AS held (unique_key, job_id)
-    SELECT unique_key, job_id FROM wanted
-    ON CONFLICT (unique_key) DO UPDATE SET job_id = EXCLUDED.job_id
-    WHERE held.job_id = EXCLUDED.job_id
-    RETURNING held.job_id
-),
-settled AS MATERIALIZED (
-    SELECT
-        claiming.*,
-        CASE
-            WHEN claiming.new_claims AND NOT claiming.old_claims
-                 AND NOT EXISTS (SELECT 1 FROM acquired WHERE acquired.job_id = claiming.job_id)
-            THEN 'cancelled'
-            ELSE claiming.target
-        END AS outcome
-    FROM claiming
-),
-released AS (
-    DELETE FROM awa.job_unique_claims AS held
-    USING settled
-    WHERE settled.old_claims
-      AND NOT COALESCE(substr(settled.unique_states, array_position(enum_range(NULL::awa.job_state), (CASE settled.outcome WHEN 'dlq' THEN 'failed' ELSE settled.outcome END)::awa.job_state), 1) = '1', false)
-      AND held.unique_key = settled.unique_key
-      AND held.job_id = settled.job_id
-    RETURNING held.job_id
-),
-finished AS MATERIALIZED (
-    SELECT
-        settled.*,
-        clock_timestamp() AS settled_at,
-        CASE WHEN settled.outcome = 'retryable'
-             THEN clock_timestamp()
-                  + awa.backoff_duration(settled.attempt, settled.max_attempts)
-             ELSE settled.run_at END AS next_run_at,
-        CASE WHEN settled.progress IS NULL THEN settled.base_payload
-             ELSE jsonb_set(settled.base_payload, '{progress}', settled.progress) END
-        || jsonb_build_object(
-            'errors',
-            CASE WHEN jsonb_typeof(settled.base_payload -> 'errors') = 'array'
-                 THEN settled.base_payload -> 'errors' ELSE '[]'::jsonb END
-            || jsonb_build_array(
-                jsonb_build_object(
-                    'error', settled.rescue_error,
-                    'attempt', settled.attempt,
-                    'at', clock_timestamp()
-                )
-                || CASE WHEN settled.target IN ('failed', 'dlq')
-                        THEN '{"terminal": true}'::jsonb ELSE '{}'::jsonb END
-            )
-            || CASE WHEN settled.outcome = 'cancelled'
-                    THEN jsonb_build_array(jsonb_build_object(
-                        'error', $17::text,
-                        'attempt', settled.attempt,
-                        'at', clock_timestamp(),
-                        'terminal', true
-                    ))
-                    ELSE '[]'::jsonb END
-        ) AS payload
-    FROM settled
-),
-receipt_row_closures AS (
-    INSERT INTO awa.lease_claim_closures
-        (claim_slot, job_id, run_lease, outcome, closed_at)
-    SELECT claims.claim_slot, claims.job_id, claims.run_lease, 'rescue',
-           clock_timestamp()
-    FROM awa.lease_claims AS claims
-    JOIN finished
-      ON finished.job_id = claims.job_id
-     AND finished.run_lease = claims.run_lease
-    ON CONFLICT (claim_slot, job_id, run_lease) DO NOTHING
-    RETURNING claim_slot, job_id, run_lease, closed_at
-),
-receipt_rows_marked AS (
-    UPDATE awa.lease_claims AS claims
-    SET closed_at = COALESCE(claims.closed_at, receipt_row_closures.closed_at)
-    FROM receipt_row_closures
-    WHERE claims.claim_slot = receipt_row_closures.claim_slot
-      AND claims.job_id = receipt_row_closures.job_id
-      AND claims.run_lease = receipt_row_closures.run_lease
-    RETURNING claims.job_id
-),
-settled_batch_items AS MATERIALIZED (
-    -- Each compact batch holding a settled attempt, unnested once.
-    SELECT claim_batches.claim_slot, claim_batches.ready_slot,
-           claim_batches.ready_generation, items.job_id, items.run_lease, items.receipt_id
-    FROM awa.lease_claim_batches AS claim_batches
-    CROSS JOIN LATERAL unnest(
-        claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids
-    ) AS items(job_id, run_lease, receipt_id)
-    WHERE claim_batches.job_ids && $3::bigint[]
-),
-open_batch_items AS (
-    SELECT items.claim_slot, items.ready_slot, items.ready_generation, items.receipt_id
-    FROM settled_batch_items AS items
-    JOIN finished
-      ON finished.job_id = items.job_id
-     AND finished.run_lease = items.run_lease
-    WHERE NOT EXISTS (
-    SELECT 1 FROM awa.lease_claim_closures AS closures
-    WHERE closures.claim_slot = items.claim_slot
-      AND closures.job_id = items.job_id
-      AND closures.run_lease = items.run_lease
-)
-AND NOT EXISTS (
-    SELECT 1 FROM awa.lease_claim_closure_batches AS closure_batches
-    WHERE closure_batches.claim_slot = items.claim_slot
-      AND closure_batches.receipt_ranges @> items.receipt_id
-)
-),
-receipt_batch_closures AS (
-    INSERT INTO awa.lease_claim_closure_batches (
-        claim_slot, ready_slot, ready_generation, outcome, closed_count,
-        receipt_ids, receipt_ranges, closed_at
-    )
-    SELECT
-        claim_slot, ready_slot, ready_generation, 'rescue', count(*)::int,
-        array_agg(receipt_id ORDER BY receipt_id),
-        range_agg(int8range(receipt_id, receipt_id + 1, '[)') ORDER BY receipt_id),
-        clock_timestamp()
-    FROM open_batch_items
-    GROUP BY claim_slot, ready_slot, ready_generation
-    RETURNING claim_slot
-),
-deferred_rows AS (
-    INSERT INTO awa.deferred_jobs (
-        job_id, kind, queue, args, state, priority, attempt, run_lease, max_attempts,
-        run_at, attempted_at, finalized_at, created_at, unique_key, unique_states, payload
-    )
-    SELECT
-        job_id, kind, queue, args, 'retryable', priority, attempt, run_lease, max_attempts,
-        next_run_at, attempted_at, settled_at, created_at, unique_key, unique_states, payload
-    FROM finished
-    WHERE outcome = 'retryable'
-    RETURNING job_id
-),
-done_rows AS (
-    INSERT INTO awa.done_entries (
-        ready_slot, ready_generation, job_id, kind, queue, state, priority, attempt,
-        run_lease, lane_seq, enqueue_shard, attempted_at, finalized_at, payload
-    )
-    SELECT
-        ready_slot, ready_generation, job_id, kind, queue, outcome::awa.job_state, priority,
-        attempt, run_lease, lane_seq, enqueue_shard, attempted_at, settled_at, payload
-    FROM finished
-    WHERE outcome IN ('failed', 'cancelled')
-    RETURNING job_id
-),
-terminal_deltas AS (
-    INSERT INTO awa.queue_terminal_count_deltas (
-        ready_slot, ready_generation, queue, priority, enqueue_shard, counter_bucket,
-        terminal_delta
-    )
-    SELECT ready_slot, ready_generation, queue, priority, enqueue_shard,
-           (job_id % 256)::smallint, count(*)
-    FROM finished
-    WHERE outcome IN ('failed', 'cancelled')
-    GROUP BY ready_slot, ready_generation, queue, priority, enqueue_shard,
-             (job_id % 256)::smallint
-    RETURNING terminal_delta
-),
-dlq_rows AS (
-    INSERT INTO awa.dlq_entries (
-        job_id, kind, queue, args, state, priority, attempt, run_lease, max_attempts,
-        run_at, attempted_at, finalized_at, created_at, unique_key, unique_states, payload,
-        dlq_reason, dlq_at, original_run_lease
-    )
-    SELECT
-        job_id, kind, queue, args, 'failed', priority, attempt, run_lease, max_attempts,
-        run_at, attempted_at, settled_at, created_at, unique_key, unique_states, payload,
-        $18::text, settled_at, run_lease
-    FROM finished
-    WHERE outcome = 'dlq'
-    RETURNING job_id
-)
-SELECT
-    job_id AS id, kind, queue, args,
-    (CASE outcome WHEN 'dlq' THEN 'failed' ELSE outcome END)::awa.job_state AS state,
-    priority, attempt, max_attempts, next_run_at AS run_at,
-    NULL::timestamptz AS heartbeat_at, NULL::timestamptz AS deadline_at, attempted_at,
-    settled_at AS finalized_at, created_at,
-    payload -> 'errors' AS errors,
-    payload -> 'metadata' AS metadata,
-    ARRAY(SELECT jsonb_array_elements_text(
-        CASE WHEN jsonb_typeof(payload -> 'tags') = 'array' THEN payload -> 'tags'
-             ELSE '[]'::jsonb END)) AS tags,
-    unique_key, unique_states,
-    NULL::uuid AS callback_id, NULL::timestamptz AS callback_timeout_at,
-    NULL::text AS callback_filter, NULL::text AS callback_on_complete,
-    NULL::text AS callback_on_fail, NULL::text AS callback_transform,
-    run_lease, payload -> 'progress' AS progress,
-    outcome
-FROM finished
-ORDER BY job_id;
 
 -- awa_trio.engines.queue_storage.rescue_callbacks.TAKE_EXPIRED_CALLBACKS_SQL
 -- parameters: $1 :job_ids, $2 :limit, $3 :error
@@ -3025,6 +2587,432 @@ RETURNING
     lease.ready_slot, lease.ready_generation, lease.job_id, lease.queue, lease.state,
     lease.priority, lease.attempt, lease.run_lease, lease.max_attempts, lease.lane_seq,
     lease.enqueue_shard, lease.attempted_at, $4::text AS rescue_error;
+
+-- awa_trio.engines.queue_storage.rescue_sql.CLOSE_RECEIPTS_SQL
+-- parameters: $1 :claim_slots, $2 :job_ids, $3 :run_leases, $4 :outcome, $5 :error
+    WITH locked(claim_slot, job_id, run_lease) AS (
+        SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[])
+    ),
+    row_claims AS MATERIALIZED (
+        SELECT
+            claims.claim_slot, claims.ready_slot, claims.ready_generation, claims.job_id,
+            claims.queue, claims.priority, claims.attempt, claims.run_lease,
+            claims.max_attempts, claims.lane_seq, claims.enqueue_shard, claims.claimed_at
+        FROM locked
+        JOIN awa.lease_claims AS claims
+          ON claims.claim_slot = locked.claim_slot
+         AND claims.job_id = locked.job_id
+         AND claims.run_lease = locked.run_lease
+        WHERE claims.closed_at IS NULL
+          AND (
+    NOT EXISTS (
+        SELECT 1 FROM awa.lease_claim_closures AS closures
+        WHERE closures.claim_slot = claims.claim_slot
+          AND closures.job_id = claims.job_id
+          AND closures.run_lease = claims.run_lease
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.lease_claim_closure_batches AS closure_batches
+        WHERE closure_batches.claim_slot = claims.claim_slot
+          AND closure_batches.receipt_ranges @> claims.receipt_id
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.done_entries AS done
+        WHERE done.job_id = claims.job_id AND done.run_lease = claims.run_lease
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.deferred_jobs AS deferred
+        WHERE deferred.job_id = claims.job_id AND deferred.run_lease = claims.run_lease
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.dlq_entries AS dlq
+        WHERE dlq.job_id = claims.job_id AND dlq.run_lease = claims.run_lease
+    )
+)
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.leases AS lease
+              WHERE lease.job_id = claims.job_id AND lease.run_lease = claims.run_lease
+          )
+    ),
+    batch_items AS MATERIALIZED (
+        -- Each compact batch unnested once (not once per locked attempt).
+        SELECT
+            claim_batches.claim_slot, claim_batches.ready_slot, claim_batches.ready_generation,
+            items.job_id, claim_batches.queue, claim_batches.priority, items.attempt,
+            items.run_lease, items.max_attempts, items.lane_seq, claim_batches.enqueue_shard,
+            claim_batches.claimed_at, items.receipt_id
+        FROM awa.lease_claim_batches AS claim_batches
+        CROSS JOIN LATERAL unnest(
+            claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids,
+            claim_batches.lane_seqs, claim_batches.attempts, claim_batches.max_attempts
+        ) AS items(job_id, run_lease, receipt_id, lane_seq, attempt, max_attempts)
+        WHERE claim_batches.claim_slot = ANY($1::int[])
+          AND claim_batches.job_ids && $2::bigint[]
+    ),
+    batch_claims AS MATERIALIZED (
+        SELECT batch_items.*
+        FROM batch_items
+        JOIN locked
+          ON locked.claim_slot = batch_items.claim_slot
+         AND locked.job_id = batch_items.job_id
+         AND locked.run_lease = batch_items.run_lease
+        WHERE (
+    NOT EXISTS (
+        SELECT 1 FROM awa.lease_claim_closures AS closures
+        WHERE closures.claim_slot = batch_items.claim_slot
+          AND closures.job_id = batch_items.job_id
+          AND closures.run_lease = batch_items.run_lease
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.lease_claim_closure_batches AS closure_batches
+        WHERE closure_batches.claim_slot = batch_items.claim_slot
+          AND closure_batches.receipt_ranges @> batch_items.receipt_id
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.done_entries AS done
+        WHERE done.job_id = batch_items.job_id AND done.run_lease = batch_items.run_lease
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.deferred_jobs AS deferred
+        WHERE deferred.job_id = batch_items.job_id AND deferred.run_lease = batch_items.run_lease
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM awa.dlq_entries AS dlq
+        WHERE dlq.job_id = batch_items.job_id AND dlq.run_lease = batch_items.run_lease
+    )
+)
+          AND NOT EXISTS (
+              SELECT 1 FROM awa.leases AS lease
+              WHERE lease.job_id = batch_items.job_id
+                AND lease.run_lease = batch_items.run_lease
+          )
+    ),
+    row_closed AS (
+        INSERT INTO awa.lease_claim_closures
+            (claim_slot, job_id, run_lease, outcome, closed_at)
+        SELECT claim_slot, job_id, run_lease, $4::text, clock_timestamp()
+        FROM row_claims
+        ON CONFLICT (claim_slot, job_id, run_lease) DO NOTHING
+        RETURNING claim_slot, job_id, run_lease, closed_at
+    ),
+    row_marked AS (
+        UPDATE awa.lease_claims AS claims
+        SET closed_at = COALESCE(claims.closed_at, row_closed.closed_at)
+        FROM row_closed
+        WHERE claims.claim_slot = row_closed.claim_slot
+          AND claims.job_id = row_closed.job_id
+          AND claims.run_lease = row_closed.run_lease
+        RETURNING claims.job_id
+    ),
+    batch_closed AS (
+        INSERT INTO awa.lease_claim_closure_batches (
+            claim_slot, ready_slot, ready_generation, outcome, closed_count,
+            receipt_ids, receipt_ranges, closed_at
+        )
+        SELECT
+            claim_slot, ready_slot, ready_generation, $4::text, count(*)::int,
+            array_agg(receipt_id ORDER BY receipt_id),
+            range_agg(int8range(receipt_id, receipt_id + 1, '[)') ORDER BY receipt_id),
+            clock_timestamp()
+        FROM batch_claims
+        GROUP BY claim_slot, ready_slot, ready_generation
+        RETURNING claim_slot
+    )
+    SELECT
+        row_claims.ready_slot, row_claims.ready_generation, row_claims.job_id, row_claims.queue,
+        'running'::awa.job_state AS state, row_claims.priority, row_claims.attempt,
+        row_claims.run_lease, row_claims.max_attempts, row_claims.lane_seq,
+        row_claims.enqueue_shard, row_claims.claimed_at AS attempted_at,
+        $5::text AS rescue_error
+    FROM row_claims
+    JOIN row_closed
+      ON row_closed.claim_slot = row_claims.claim_slot
+     AND row_closed.job_id = row_claims.job_id
+     AND row_closed.run_lease = row_claims.run_lease
+    UNION ALL
+    SELECT
+        ready_slot, ready_generation, job_id, queue, 'running'::awa.job_state, priority, attempt,
+        run_lease, max_attempts, lane_seq, enqueue_shard, claimed_at, $5::text
+    FROM batch_claims
+    WHERE EXISTS (SELECT 1 FROM batch_closed);
+
+-- awa_trio.engines.queue_storage.rescue_sql.NO_JIT_SQL
+SET LOCAL jit = off;
+
+-- awa_trio.engines.queue_storage.rescue_sql.QUEUE_STORAGE_NOTICES_SQL
+-- parameters: $1 :job_ids, $2 :run_leases
+SELECT count(pg_notify(
+    'awa:cancel',
+    jsonb_build_object('job_id', attempt.job_id, 'run_lease', attempt.run_lease)::text
+))
+FROM unnest($1::bigint[], $2::bigint[]) AS attempt(job_id, run_lease)
+WHERE NOT EXISTS (
+        SELECT 1 FROM awa.jobs_hot AS hot
+        WHERE hot.id = attempt.job_id
+          AND hot.run_lease = attempt.run_lease
+          AND hot.state = 'running'
+    );
+
+-- awa_trio.engines.queue_storage.rescue_sql.SETTLE_SQL
+-- parameters: $1 :ready_slot, $2 :ready_generation, $3 :job_id, $4 :queue, $5 :state, $6 :priority, $7 :attempt, $8 :run_lease, $9 :max_attempts, $10 :lane_seq, $11 :enqueue_shard, $12 :attempted_at, $13 :rescue_error, $14 :cancel, $15 :exhausts_to_failed, $16 :dlq_queues, $17 :duplicate_error, $18 :dlq_reason
+WITH taken AS MATERIALIZED (
+    SELECT *
+    FROM unnest(
+        $1::int[], $2::bigint[], $3::bigint[], $4::text[], $5::awa.job_state[],
+        $6::smallint[], $7::smallint[], $8::bigint[], $9::smallint[], $10::bigint[],
+        $11::smallint[], $12::timestamptz[], $13::text[]
+    ) AS t(
+        ready_slot, ready_generation, job_id, queue, old_state, priority, attempt,
+        run_lease, max_attempts, lane_seq, enqueue_shard, attempted_at, rescue_error
+    )
+),
+hydrated AS MATERIALIZED (
+    SELECT
+        taken.*,
+        ready.kind, ready.args, ready.run_at, ready.created_at, ready.unique_key,
+        ready.unique_states,
+        CASE WHEN jsonb_typeof(ready.payload) = 'object' THEN ready.payload
+             ELSE '{}'::jsonb END AS base_payload
+    FROM taken
+    JOIN awa.ready_entries AS ready
+      ON ready.ready_slot = taken.ready_slot
+     AND ready.ready_generation = taken.ready_generation
+     AND ready.queue = taken.queue
+     AND ready.enqueue_shard = taken.enqueue_shard
+     AND ready.lane_seq = taken.lane_seq
+     AND ready.job_id = taken.job_id
+),
+attempt_rows AS (
+    DELETE FROM awa.attempt_state AS attempt
+    USING taken
+    WHERE attempt.job_id = taken.job_id
+      AND attempt.run_lease = taken.run_lease
+    RETURNING attempt.job_id, attempt.run_lease, attempt.progress
+),
+planned AS MATERIALIZED (
+    SELECT
+        hydrated.*,
+        attempt_rows.progress,
+        CASE
+            WHEN $14::boolean THEN 'cancelled'
+            WHEN $15::boolean AND hydrated.attempt >= hydrated.max_attempts THEN
+                CASE WHEN hydrated.queue = ANY($16::text[]) THEN 'dlq' ELSE 'failed' END
+            ELSE 'retryable'
+        END AS target
+    FROM hydrated
+    LEFT JOIN attempt_rows
+      ON attempt_rows.job_id = hydrated.job_id
+     AND attempt_rows.run_lease = hydrated.run_lease
+),
+claiming AS MATERIALIZED (
+    SELECT
+        planned.*,
+        planned.unique_key IS NOT NULL
+            AND COALESCE(substr(planned.unique_states, array_position(enum_range(NULL::awa.job_state), (planned.old_state)::awa.job_state), 1) = '1', false) AS old_claims,
+        planned.unique_key IS NOT NULL AND planned.target <> 'cancelled'
+            AND COALESCE(substr(planned.unique_states, array_position(enum_range(NULL::awa.job_state), (CASE planned.target WHEN 'dlq' THEN 'failed' ELSE planned.target END)::awa.job_state), 1) = '1', false) AS new_claims
+    FROM planned
+),
+wanted AS (
+    SELECT DISTINCT ON (unique_key) unique_key, job_id
+    FROM claiming
+    WHERE new_claims AND NOT old_claims
+    ORDER BY unique_key, job_id
+),
+acquired AS (
+    INSERT INTO awa.job_unique_claims AS held (unique_key, job_id)
+    SELECT unique_key, job_id FROM wanted
+    ON CONFLICT (unique_key) DO UPDATE SET job_id = EXCLUDED.job_id
+    WHERE held.job_id = EXCLUDED.job_id
+    RETURNING held.job_id
+),
+settled AS MATERIALIZED (
+    SELECT
+        claiming.*,
+        CASE
+            WHEN claiming.new_claims AND NOT claiming.old_claims
+                 AND NOT EXISTS (SELECT 1 FROM acquired WHERE acquired.job_id = claiming.job_id)
+            THEN 'cancelled'
+            ELSE claiming.target
+        END AS outcome
+    FROM claiming
+),
+released AS (
+    DELETE FROM awa.job_unique_claims AS held
+    USING settled
+    WHERE settled.old_claims
+      AND NOT COALESCE(substr(settled.unique_states, array_position(enum_range(NULL::awa.job_state), (CASE settled.outcome WHEN 'dlq' THEN 'failed' ELSE settled.outcome END)::awa.job_state), 1) = '1', false)
+      AND held.unique_key = settled.unique_key
+      AND held.job_id = settled.job_id
+    RETURNING held.job_id
+),
+finished AS MATERIALIZED (
+    SELECT
+        settled.*,
+        clock_timestamp() AS settled_at,
+        CASE WHEN settled.outcome = 'retryable'
+             THEN clock_timestamp()
+                  + awa.backoff_duration(settled.attempt, settled.max_attempts)
+             ELSE settled.run_at END AS next_run_at,
+        CASE WHEN settled.progress IS NULL THEN settled.base_payload
+             ELSE jsonb_set(settled.base_payload, '{progress}', settled.progress) END
+        || jsonb_build_object(
+            'errors',
+            CASE WHEN jsonb_typeof(settled.base_payload -> 'errors') = 'array'
+                 THEN settled.base_payload -> 'errors' ELSE '[]'::jsonb END
+            || jsonb_build_array(
+                jsonb_build_object(
+                    'error', settled.rescue_error,
+                    'attempt', settled.attempt,
+                    'at', clock_timestamp()
+                )
+                || CASE WHEN settled.target IN ('failed', 'dlq')
+                        THEN '{"terminal": true}'::jsonb ELSE '{}'::jsonb END
+            )
+            || CASE WHEN settled.outcome = 'cancelled'
+                    THEN jsonb_build_array(jsonb_build_object(
+                        'error', $17::text,
+                        'attempt', settled.attempt,
+                        'at', clock_timestamp(),
+                        'terminal', true
+                    ))
+                    ELSE '[]'::jsonb END
+        ) AS payload
+    FROM settled
+),
+receipt_row_closures AS (
+    INSERT INTO awa.lease_claim_closures
+        (claim_slot, job_id, run_lease, outcome, closed_at)
+    SELECT claims.claim_slot, claims.job_id, claims.run_lease, 'rescue',
+           clock_timestamp()
+    FROM awa.lease_claims AS claims
+    JOIN finished
+      ON finished.job_id = claims.job_id
+     AND finished.run_lease = claims.run_lease
+    ON CONFLICT (claim_slot, job_id, run_lease) DO NOTHING
+    RETURNING claim_slot, job_id, run_lease, closed_at
+),
+receipt_rows_marked AS (
+    UPDATE awa.lease_claims AS claims
+    SET closed_at = COALESCE(claims.closed_at, receipt_row_closures.closed_at)
+    FROM receipt_row_closures
+    WHERE claims.claim_slot = receipt_row_closures.claim_slot
+      AND claims.job_id = receipt_row_closures.job_id
+      AND claims.run_lease = receipt_row_closures.run_lease
+    RETURNING claims.job_id
+),
+settled_batch_items AS MATERIALIZED (
+    -- Each compact batch holding a settled attempt, unnested once.
+    SELECT claim_batches.claim_slot, claim_batches.ready_slot,
+           claim_batches.ready_generation, items.job_id, items.run_lease, items.receipt_id
+    FROM awa.lease_claim_batches AS claim_batches
+    CROSS JOIN LATERAL unnest(
+        claim_batches.job_ids, claim_batches.run_leases, claim_batches.receipt_ids
+    ) AS items(job_id, run_lease, receipt_id)
+    WHERE claim_batches.job_ids && $3::bigint[]
+),
+open_batch_items AS (
+    SELECT items.claim_slot, items.ready_slot, items.ready_generation, items.receipt_id
+    FROM settled_batch_items AS items
+    JOIN finished
+      ON finished.job_id = items.job_id
+     AND finished.run_lease = items.run_lease
+    WHERE NOT EXISTS (
+    SELECT 1 FROM awa.lease_claim_closures AS closures
+    WHERE closures.claim_slot = items.claim_slot
+      AND closures.job_id = items.job_id
+      AND closures.run_lease = items.run_lease
+)
+AND NOT EXISTS (
+    SELECT 1 FROM awa.lease_claim_closure_batches AS closure_batches
+    WHERE closure_batches.claim_slot = items.claim_slot
+      AND closure_batches.receipt_ranges @> items.receipt_id
+)
+),
+receipt_batch_closures AS (
+    INSERT INTO awa.lease_claim_closure_batches (
+        claim_slot, ready_slot, ready_generation, outcome, closed_count,
+        receipt_ids, receipt_ranges, closed_at
+    )
+    SELECT
+        claim_slot, ready_slot, ready_generation, 'rescue', count(*)::int,
+        array_agg(receipt_id ORDER BY receipt_id),
+        range_agg(int8range(receipt_id, receipt_id + 1, '[)') ORDER BY receipt_id),
+        clock_timestamp()
+    FROM open_batch_items
+    GROUP BY claim_slot, ready_slot, ready_generation
+    RETURNING claim_slot
+),
+deferred_rows AS (
+    INSERT INTO awa.deferred_jobs (
+        job_id, kind, queue, args, state, priority, attempt, run_lease, max_attempts,
+        run_at, attempted_at, finalized_at, created_at, unique_key, unique_states, payload
+    )
+    SELECT
+        job_id, kind, queue, args, 'retryable', priority, attempt, run_lease, max_attempts,
+        next_run_at, attempted_at, settled_at, created_at, unique_key, unique_states, payload
+    FROM finished
+    WHERE outcome = 'retryable'
+    RETURNING job_id
+),
+done_rows AS (
+    INSERT INTO awa.done_entries (
+        ready_slot, ready_generation, job_id, kind, queue, state, priority, attempt,
+        run_lease, lane_seq, enqueue_shard, attempted_at, finalized_at, payload
+    )
+    SELECT
+        ready_slot, ready_generation, job_id, kind, queue, outcome::awa.job_state, priority,
+        attempt, run_lease, lane_seq, enqueue_shard, attempted_at, settled_at, payload
+    FROM finished
+    WHERE outcome IN ('failed', 'cancelled')
+    RETURNING job_id
+),
+terminal_deltas AS (
+    INSERT INTO awa.queue_terminal_count_deltas (
+        ready_slot, ready_generation, queue, priority, enqueue_shard, counter_bucket,
+        terminal_delta
+    )
+    SELECT ready_slot, ready_generation, queue, priority, enqueue_shard,
+           (job_id % 256)::smallint, count(*)
+    FROM finished
+    WHERE outcome IN ('failed', 'cancelled')
+    GROUP BY ready_slot, ready_generation, queue, priority, enqueue_shard,
+             (job_id % 256)::smallint
+    RETURNING terminal_delta
+),
+dlq_rows AS (
+    INSERT INTO awa.dlq_entries (
+        job_id, kind, queue, args, state, priority, attempt, run_lease, max_attempts,
+        run_at, attempted_at, finalized_at, created_at, unique_key, unique_states, payload,
+        dlq_reason, dlq_at, original_run_lease
+    )
+    SELECT
+        job_id, kind, queue, args, 'failed', priority, attempt, run_lease, max_attempts,
+        run_at, attempted_at, settled_at, created_at, unique_key, unique_states, payload,
+        $18::text, settled_at, run_lease
+    FROM finished
+    WHERE outcome = 'dlq'
+    RETURNING job_id
+)
+SELECT
+    job_id AS id, kind, queue, args,
+    (CASE outcome WHEN 'dlq' THEN 'failed' ELSE outcome END)::awa.job_state AS state,
+    priority, attempt, max_attempts, next_run_at AS run_at,
+    NULL::timestamptz AS heartbeat_at, NULL::timestamptz AS deadline_at, attempted_at,
+    settled_at AS finalized_at, created_at,
+    payload -> 'errors' AS errors,
+    payload -> 'metadata' AS metadata,
+    ARRAY(SELECT jsonb_array_elements_text(
+        CASE WHEN jsonb_typeof(payload -> 'tags') = 'array' THEN payload -> 'tags'
+             ELSE '[]'::jsonb END)) AS tags,
+    unique_key, unique_states,
+    NULL::uuid AS callback_id, NULL::timestamptz AS callback_timeout_at,
+    NULL::text AS callback_filter, NULL::text AS callback_on_complete,
+    NULL::text AS callback_on_fail, NULL::text AS callback_transform,
+    run_lease, payload -> 'progress' AS progress,
+    outcome
+FROM finished
+ORDER BY job_id;
 
 -- awa_trio.engines.queue_storage.rotate_claim.CLAIM_CLEAN_SQL
 -- identifiers: schema_literal='awa', slot=0
@@ -3331,10 +3319,6 @@ SELECT EXISTS (
     )
 );
 
--- awa_trio.engines.queue_storage.terminal_count_rollup.SET_LOCK_TIMEOUT_SQL
--- parameters: $1 :lock_timeout
-SELECT set_config('lock_timeout', $1, true);
-
 -- awa_trio.engines.queue_storage.terminal_count_rollup.TRUNCATE_DELTAS_SQL
 -- identifiers: slot=0
 TRUNCATE TABLE awa.queue_terminal_count_deltas_0;
@@ -3474,6 +3458,10 @@ WHERE last_seen_at < now() - make_interval(secs => $1);
 -- parameters: $1 :retention
 DELETE FROM awa.runtime_instances
 WHERE last_seen_at < now() - make_interval(secs => $1);
+
+-- awa_trio.maintenance.lock_timeout.SET_LOCAL_LOCK_TIMEOUT_SQL
+-- parameters: $1 :lock_timeout
+SELECT set_config('lock_timeout', $1, true);
 
 -- awa_trio.maintenance.queue_info.INFO_SQL
 WITH status AS (

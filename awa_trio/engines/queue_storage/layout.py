@@ -45,15 +45,10 @@ def mask_claims(mask: str, state: str) -> str:
     return MASK_CLAIMS(mask=mask, position=position)
 
 
-#: The slot that holds the queue-storage schema as an SQL string literal
-#: (``'awa'``), for statements that look a relation up by name in the
-#: catalog. A fragment leaves it to its statement, as it leaves ``{schema}``;
-#: :func:`schema_literal` gives its value.
-SCHEMA_LITERAL = "{schema_literal}"
-
-
 def schema_literal(schema: str) -> str:
-    """``schema`` (a validated plain identifier) as an SQL string literal."""
+    """``schema`` (a validated plain identifier) as an SQL string literal
+    (``'awa'``): the ``{schema_literal}`` identifier of the statements that
+    look a relation up by name in the catalog."""
     return "'" + schema.replace("'", "''") + "'"
 
 

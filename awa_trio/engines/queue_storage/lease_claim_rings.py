@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...context import MaintenanceContext
@@ -50,7 +51,7 @@ from ...db import LOCK_NOT_AVAILABLE, QueryError
 from ...maintenance.lock_timeout import set_local_lock_timeout
 from ...sql import Fragment, Statement
 from ...tracker import PruneOutcome
-from .layout import PRUNE_LOCK_TIMEOUT, SCHEMA_LITERAL, schema_literal, schema_name
+from .layout import PRUNE_LOCK_TIMEOUT, schema_literal, schema_name
 from .queue_ring import READ_COMMITTED
 from .rings import PruneResult, RingCursor, RotateResult
 
@@ -70,20 +71,23 @@ BOUNDED_ROWS_IN_NEXT_SLOT = Fragment(
 )
 
 #: Total heap size of the children named ``{child_names}`` (a list of SQL
-#: text expressions, e.g. ``'leases_' || ({slot})``; 0 = nothing to
+#: text expressions, e.g. ``'leases_' || (oldest.slot)``; 0 = nothing to
 #: reclaim). Looked up by name in pg_class, so the slot may be an
 #: expression: ROTATE_SQL asks it of a slot that only the statement itself
-#: knows (:data:`OLDEST_SLOT`). The child names are written out by each ring:
-#: a parent's name sits inside a string literal, where no slot is filled.
+#: knows (:data:`OLDEST_SLOT`). ``{schema_literal}`` is left to the statement.
 HEAP_PAGES = Fragment(
     "(SELECT coalesce(sum(pg_relation_size(child.oid)), 0) FROM pg_class AS child "
-    "WHERE child.relnamespace = {schema_literal}::regnamespace AND child.relname IN ({child_names}))"
+    "WHERE child.relnamespace = {schema_literal}::regnamespace AND child.relname IN ({child_names}))",
+    identifiers=("schema_literal",),
 )
 
 
-def heap_pages(child_names: str) -> str:
-    """:data:`HEAP_PAGES` over ``child_names``, ``{schema_literal}`` left to the statement."""
-    return HEAP_PAGES(schema_literal=SCHEMA_LITERAL, child_names=child_names)
+def heap_pages(parents: Iterable[str], slot: str) -> str:
+    """:data:`HEAP_PAGES` over the children of ``parents`` in ``slot`` (an SQL
+    expression: ``{slot}`` for the statement's identifier, or
+    :data:`OLDEST_SLOT`). A parent's name sits inside a string literal, where
+    no slot is filled, so the names are written out here."""
+    return HEAP_PAGES(child_names=", ".join("'" + parent + "_' || (" + slot + ")" for parent in parents))
 
 
 #: The slot ROTATE_SQL's ``{oldest_clean}`` is asked of (its ``oldest`` CTE).
@@ -155,16 +159,14 @@ ROTATE_SQL = Fragment("""
 """)
 
 
-def rotate_statement(*, ring: str, busy_columns: str, slot_is_empty: str, clean_sql: Statement) -> Statement:
+def rotate_statement(*, ring: str, busy_columns: str, slot_is_empty: str, oldest_clean: str) -> Statement:
     """ROTATE_SQL for one ring: its blocker columns, the condition that they
-    are all 0, and its ``clean_sql`` asked of :data:`OLDEST_SLOT`."""
-    placed = ROTATE_SQL(
-        ring=ring,
-        busy_columns=busy_columns,
-        slot_is_empty=slot_is_empty,
-        oldest_clean=clean_sql.text.strip(),
+    are all 0, and its clean condition asked of :data:`OLDEST_SLOT`."""
+    return Statement(
+        ROTATE_SQL(
+            ring=ring, busy_columns=busy_columns, slot_is_empty=slot_is_empty, oldest_clean=oldest_clean
+        )
     )
-    return Statement(placed, slot=OLDEST_SLOT)
 
 
 # Serialises the prune with rotation (and any other prune) for its whole
@@ -209,23 +211,27 @@ class RingTables:
     slot_is_empty: str
     #: Live rows that make truncating the slot unsafe (0 = safe).
     live_sql: Statement
-    #: True when the slot holds nothing to reclaim (prune is then a Noop).
-    clean_sql: Statement
+    #: The SELECT that is true when slot ``slot`` (an SQL expression) holds
+    #: nothing to reclaim (prune is then a Noop).
+    clean: Callable[[str], str]
     #: SkipReason labels: slot is the current one / slot still holds live rows.
     current_reason: str
     live_reason: str
     #: Run after TRUNCATE, in the same transaction, if any.
     after_truncate_sql: Statement | None = None
-    #: ROTATE_SQL placed for this ring, from the fields above (at import;
-    #: ``dataclasses.replace`` places it again).
+    #: ``clean`` of the ``{slot}`` identifier, and ROTATE_SQL placed for this
+    #: ring from the fields above (at import; ``dataclasses.replace`` places
+    #: them again).
+    clean_sql: Statement = dataclasses.field(init=False, repr=False, compare=False)
     rotate_sql: Statement = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "clean_sql", Statement(self.clean("{slot}")))
         rotate_sql = rotate_statement(
             ring=self.ring,
             busy_columns=self.busy_columns,
             slot_is_empty=self.slot_is_empty,
-            clean_sql=self.clean_sql,
+            oldest_clean=self.clean(OLDEST_SLOT).strip(),
         )
         object.__setattr__(self, "rotate_sql", rotate_sql)
 

@@ -40,10 +40,9 @@ _CUTOFF = "clock_timestamp() - make_interval(secs => :staleness)"
 # :staleness (s), :limit (rows), :job_ids (NULL: any job), :error.
 TAKE_STALE_LEASES_SQL = Statement(
     TAKE_LEASES_TEMPLATE(
-        predicate="lease.state = 'running' AND {last_seen} < {cutoff}", order_by="{last_seen}"
-    ),
-    last_seen=_LEASE_LAST_SEEN,
-    cutoff=_CUTOFF,
+        predicate="lease.state = 'running' AND " + _LEASE_LAST_SEEN + " < " + _CUTOFF,
+        order_by=_LEASE_LAST_SEEN,
+    )
 )
 
 # Receipt side, step 1 of 2 (step 2: rescue_sql.CLOSE_RECEIPTS_SQL). The same

@@ -99,8 +99,7 @@ CLAIM_OPEN_SQL = Statement("""
 
 #: No heap page in any child and rescue cursors already at their start: a
 #: truncate would reclaim nothing.
-CLAIM_CLEAN_SQL = Statement(
-    """
+CLAIM_CLEAN = Fragment("""
     SELECT {heap_pages} = 0
        AND EXISTS (
            SELECT 1 FROM {schema}.claim_ring_slots
@@ -112,12 +111,13 @@ CLAIM_CLEAN_SQL = Statement(
              AND deadline_cursor_job_id = 0
              AND deadline_cursor_run_lease = 0
        )
-""",
-    heap_pages=heap_pages(
-        "'lease_claims_' || ({slot}), 'lease_claim_batches_' || ({slot}),"
-        " 'lease_claim_closures_' || ({slot}), 'lease_claim_closure_batches_' || ({slot})"
-    ),
-)
+""")
+
+
+def claim_clean(slot: str) -> str:
+    """:data:`CLAIM_CLEAN` for ``slot`` (an SQL expression)."""
+    return CLAIM_CLEAN(heap_pages=heap_pages(CLAIM_CHILDREN, slot), slot=slot)
+
 
 #: The slot's rescue sweeps start again from the beginning of its next lap.
 RESET_RESCUE_CURSORS_SQL = Statement("""
@@ -145,12 +145,13 @@ CLAIM_RING_TABLES = RingTables(
     busy_labels=("claim.rows", "claim.closure_rows", "claim.closure_batch_rows"),
     slot_is_empty='busy."claim.rows" = 0 AND busy."claim.closure_rows" = 0 AND busy."claim.closure_batch_rows" = 0',
     live_sql=CLAIM_OPEN_SQL,
-    clean_sql=CLAIM_CLEAN_SQL,
+    clean=claim_clean,
     current_reason="claim.current",
     live_reason="claim.open",
     after_truncate_sql=RESET_RESCUE_CURSORS_SQL,
 )
 
+CLAIM_CLEAN_SQL = CLAIM_RING_TABLES.clean_sql
 #: The rotation (ROTATE_SQL placed for the claim ring).
 CLAIM_ROTATE_SQL = CLAIM_RING_TABLES.rotate_sql
 

@@ -41,12 +41,15 @@ LEASE_LIVE_SQL = Statement(
 )
 
 #: No heap page at all: a truncate would reclaim nothing.
-LEASE_CLEAN_SQL = Statement(
-    """
+LEASE_CLEAN = Fragment("""
     SELECT {heap_pages} = 0
-""",
-    heap_pages=heap_pages("'leases_' || ({slot})"),
-)
+""")
+
+
+def lease_clean(slot: str) -> str:
+    """:data:`LEASE_CLEAN` for ``slot`` (an SQL expression)."""
+    return LEASE_CLEAN(heap_pages=heap_pages(("leases",), slot))
+
 
 LEASE_RING_TABLES = RingTables(
     ring=LEASE_RING,
@@ -57,11 +60,12 @@ LEASE_RING_TABLES = RingTables(
     busy_labels=("lease.rows",),
     slot_is_empty='busy."lease.rows" = 0',
     live_sql=LEASE_LIVE_SQL,
-    clean_sql=LEASE_CLEAN_SQL,
+    clean=lease_clean,
     current_reason="lease.current",
     live_reason="lease.active",
 )
 
+LEASE_CLEAN_SQL = LEASE_RING_TABLES.clean_sql
 #: The rotation (ROTATE_SQL placed for the lease ring).
 LEASE_ROTATE_SQL = LEASE_RING_TABLES.rotate_sql
 
