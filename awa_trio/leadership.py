@@ -15,6 +15,10 @@
                   a database error starting the term:
                   release, back off as after an error
 
+What follows a term that ends by itself (stay out, back off, wait for the
+schema) is the term's outcome (:data:`TermOutcome`), decided by the code
+that ran the term (:mod:`awa_trio.term_outcome`); the elector obeys it.
+
 The lock is session-level, held on a dedicated (non-pooled) connection, with
 the key every Awa runtime uses, so a mixed fleet elects exactly one leader.
 Everything that needs the lock runs inside the leader scope; losing the lock
@@ -55,16 +59,16 @@ server drops it after about ``lock_keepalive``.
 from __future__ import annotations
 
 import collections
-import enum
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
 import trio
 
 from .config import MaintenanceConfig
-from .db import APPLICATION_NAME, Connection, Database, DatabaseError, sole_exception
-from .errors import LeadershipAbandoned, UnsupportedSchema
+from .db import APPLICATION_NAME, Connection, Database, DatabaseError
 from .logs import OutageLog, connection_recovered
+from .sql import Statement
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +80,6 @@ LOCK_APPLICATION_NAME = f"{APPLICATION_NAME} lock"
 RELEASE_TIMEOUT = 5.0
 #: Upper bound for one lock check; a hung check counts as a lost lock.
 MAX_CHECK_TIMEOUT = 10.0
-#: After giving up leadership on purpose, stay out this many election intervals.
-ABANDON_PENALTY_INTERVALS = 2
 HISTORY_LENGTH = 100
 
 # The lock is tried only on a writable primary: advisory locks work on a hot
@@ -89,11 +91,12 @@ WRITABLE_SQL = "(NOT pg_is_in_recovery() AND current_setting('transaction_read_o
 # A try that fails also reads the holder's pid from pg_locks (same round
 # trip, no pg_stat_activity scan on every poll: HOLDER_SQL names the session
 # only when the pid changed); the MATERIALIZED attempt runs once, first.
-TRY_LOCK_SQL = f"""
+TRY_LOCK_SQL = Statement(
+    """
     WITH attempt AS MATERIALIZED (
         SELECT pg_is_in_recovery() AS in_recovery,
                current_setting('transaction_read_only') = 'on' AS read_only,
-               CASE WHEN {WRITABLE_SQL} THEN pg_try_advisory_lock($1) ELSE false END AS acquired,
+               CASE WHEN {writable} THEN pg_try_advisory_lock(:key) ELSE false END AS acquired,
                pg_backend_pid() AS backend_pid
     )
     SELECT attempt.*, holder.pid AS holder_pid
@@ -105,25 +108,25 @@ TRY_LOCK_SQL = f"""
           AND l.locktype = 'advisory'
           AND l.granted
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-          AND l.classid::bigint = ($1::bigint >> 32)
-          AND l.objid::bigint = ($1::bigint & 4294967295)
+          AND l.classid::bigint = (:key::bigint >> 32)
+          AND l.objid::bigint = (:key::bigint & 4294967295)
           AND l.objsubid = 1
         LIMIT 1
     ) AS holder ON true
-"""
-HOLDER_SQL = """
+""",
+    writable=WRITABLE_SQL,
+)
+HOLDER_SQL = Statement("""
     SELECT application_name, host(client_addr) AS client_addr
     FROM pg_stat_activity
-    WHERE pid = $1
-"""
+    WHERE pid = :pid
+""")
 #: Errors retry after this, doubling up to MAX_ERROR_BACKOFF (or the election
 #: interval if shorter): a failover or a restart is led again within about a
 #: second of the server accepting writes, and an outage costs one cheap
 #: connection attempt a second.
 FIRST_ERROR_BACKOFF = 0.1
 MAX_ERROR_BACKOFF = 1.0
-#: How often a node that stepped down for its schema looks again.
-SCHEMA_RECHECK_INTERVAL = 1.0
 #: Followers LISTEN here; a leader NOTIFYs it as it lets the lock go.
 RELEASE_CHANNEL = "awa_trio_leader_released"
 #: ``python -m awa_trio resign`` NOTIFYs ``resign <backend pid>`` here, naming
@@ -132,29 +135,29 @@ RELEASE_CHANNEL = "awa_trio_leader_released"
 CONTROL_CHANNEL = "awa_trio_control"
 # The notification is delivered when this statement's transaction ends,
 # after the unlock: a follower woken by it finds the lock free.
-UNLOCK_SQL = f"""
+UNLOCK_SQL = Statement("""
     SELECT unlocked.released
-    FROM (SELECT pg_advisory_unlock($1) AS released) AS unlocked
+    FROM (SELECT pg_advisory_unlock(:key) AS released) AS unlocked
     LEFT JOIN LATERAL (
-        SELECT pg_notify('{RELEASE_CHANNEL}', '') WHERE unlocked.released
+        SELECT pg_notify(:channel, '') WHERE unlocked.released
     ) AS notified ON true
-"""
+""")
 # A bigint advisory key shows in pg_locks as classid = high 32 bits,
 # objid = low 32 bits, objsubid = 1.
-HOLDS_LOCK_SQL = """
+HOLDS_LOCK_SQL = Statement("""
     SELECT EXISTS (
         SELECT 1
         FROM pg_locks
         WHERE locktype = 'advisory'
           AND pid = pg_backend_pid()
           AND granted
-          AND classid::bigint = ($1::bigint >> 32)
-          AND objid::bigint = ($1::bigint & 4294967295)
+          AND classid::bigint = (:key::bigint >> 32)
+          AND objid::bigint = (:key::bigint & 4294967295)
           AND objsubid = 1
     ) AS held,
     pg_is_in_recovery() AS in_recovery,
     current_setting('transaction_read_only') = 'on' AS read_only
-"""
+""")
 
 
 def unwritable_reason(server: str, in_recovery: bool, read_only: bool) -> str | None:
@@ -190,16 +193,56 @@ def lock_keepalive_settings(budget: float) -> dict[str, str]:
     }
 
 
-class TermOutcome(enum.Enum):
-    LOST = "lost"
-    ABANDONED = "abandoned"
-    #: A database error escaped the term (its start-up queries failed).
-    FAILED = "failed"
-    #: The term found no schema it can maintain (dropped, or migrated past
-    #: what awa_trio supports): wait for one before standing again.
-    STEPPED_DOWN = "stepped_down"
-    #: resign() handed the lock over: stay out for resign_hold_off.
-    RESIGNED = "resigned"
+@dataclasses.dataclass(frozen=True)
+class StandAgain:
+    """The lock was lost (the check failed, the server went read-only):
+    stand again at once."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HoldOff:
+    """Stay a follower for ``seconds``, then stand again: a node that gave
+    up leadership on purpose (``reason`` says why, logged once) or resigned."""
+
+    seconds: float
+    reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryAfterError:
+    """The term could not start (its start-up queries failed): stand again
+    after the error backoff, as after a failed election attempt."""
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitUntil:
+    """Follow, without standing, until ``check`` finds nothing wrong (returns
+    None); it runs every ``every`` seconds and returns why the node still
+    cannot lead. Meanwhile ``reason`` (then the check's latest answer) is
+    the node's ``not_leading_reason``."""
+
+    reason: str
+    check: Callable[[], Awaitable[str | None]]
+    every: float
+    #: Names the check in the line logged when it fails (it is retried).
+    check_name: str
+    #: The line logged once the check passes.
+    passed: str
+
+
+#: What the elector does after a term: each term's end is one of these,
+#: decided by the code that knows why it ended (see LeaderElector).
+TermOutcome = StandAgain | HoldOff | RetryAfterError | WaitUntil
+#: Turns the exception group a term ended with into what to do next; None
+#: for a group it does not know (a bug), which then propagates.
+OutcomeOf = Callable[[BaseExceptionGroup[BaseException]], TermOutcome | None]
+
+
+def no_outcome(_group: BaseExceptionGroup[BaseException]) -> None:
+    """The OutcomeOf of an elector told nothing: every error propagates."""
+    return None
 
 
 class LeadershipState:
@@ -255,7 +298,10 @@ class ErrorBackoff:
 
 class LeaderElector:
     """Follower/leader loop. ``lead`` is started in the leader scope with
-    ``nursery.start`` and must run until cancelled."""
+    ``nursery.start`` and must run until cancelled. A term that ends by
+    itself ends with an exception group, which ``outcome_of`` (written
+    beside the term) turns into a :data:`TermOutcome`; the elector obeys it
+    and decides nothing about why a term ended."""
 
     def __init__(
         self,
@@ -263,22 +309,22 @@ class LeaderElector:
         config: MaintenanceConfig,
         state: LeadershipState,
         lead: Callable[..., Awaitable[None]],
-        schema_problem: Callable[[], Awaitable[str | None]] | None = None,
         *,
+        outcome_of: OutcomeOf = no_outcome,
         lock_dsn: str | None = None,
     ):
         self._db = db
         self._config = config
         self._state = state
         self._lead = lead
-        #: After a term stepped down for its schema: why the database still
-        #: cannot be led (None once it can), polled every SCHEMA_RECHECK_INTERVAL.
-        self._schema_problem = schema_problem
+        self._outcome_of = outcome_of
         #: Where the lock connection goes (None: the pool's URL).
         self._lock_dsn = lock_dsn
-        #: The two reasons not to lead; LeadershipState.not_leading_reason shows either.
+        #: The two reasons not to lead; LeadershipState.not_leading_reason
+        #: shows either: the server is not writable, or a WaitUntil's check
+        #: has not passed yet.
         self._unwritable: str | None = None
-        self._unfit_schema: str | None = None
+        self._waiting_for: str | None = None
         #: The connection holding the lock while leading (diagnostics, tests).
         self.lock_connection: Connection | None = None
         #: Set when a leader announced a graceful release (see RELEASE_CHANNEL).
@@ -329,14 +375,12 @@ class LeaderElector:
                 assert candidate is not None  # holding the lock means a connection
                 lock, candidate = candidate, None
                 outcome = await self._hold(lock)
-                if outcome is TermOutcome.ABANDONED:
-                    await trio.sleep(ABANDON_PENALTY_INTERVALS * self._config.leader_election_interval)
-                elif outcome is TermOutcome.FAILED:
+                if isinstance(outcome, HoldOff):
+                    await trio.sleep(outcome.seconds)
+                elif isinstance(outcome, RetryAfterError):
                     await backoff.sleep()
-                elif outcome is TermOutcome.STEPPED_DOWN:
-                    await self._wait_for_a_supported_schema()
-                elif outcome is TermOutcome.RESIGNED:
-                    await trio.sleep(self._config.resign_hold_off)
+                elif isinstance(outcome, WaitUntil):
+                    await self._wait_until(outcome)
         finally:
             if candidate is not None:
                 await candidate.close()
@@ -369,7 +413,7 @@ class LeaderElector:
                     server_settings=lock_keepalive_settings(self._config.lock_keepalive),
                     dsn=self._lock_dsn,
                 )
-            [row] = await conn.fetch(TRY_LOCK_SQL, LOCK_KEY)
+            [row] = await conn.fetch(*TRY_LOCK_SQL.bind(key=LOCK_KEY))
             conn.note_backend_pid(row["backend_pid"])  # the real one, through a session-mode pooler too
             if not row["in_recovery"] and conn is not self._listening_on:
                 # A standby refuses LISTEN: its session starts listening
@@ -407,7 +451,7 @@ class LeaderElector:
             return  # free between two tries (a release, a crash): the next try says
         self._leader_seen = holder_pid
         try:
-            session = await conn.fetchrow(HOLDER_SQL, holder_pid)
+            session = await conn.fetchrow(*HOLDER_SQL.bind(pid=holder_pid))
         except DatabaseError as exc:
             log.debug("could not name the lock holder %d: %s", holder_pid, exc)
             session = None
@@ -429,32 +473,42 @@ class LeaderElector:
         else:
             log.info("the server is a writable primary again; taking part in the election")
         self._unwritable = reason
-        self._state.not_leading_reason = self._unwritable or self._unfit_schema
+        self._state.not_leading_reason = self._unwritable or self._waiting_for
 
-    async def _wait_for_a_supported_schema(self) -> None:
-        """Follow, without the lock, until the schema is one awa_trio can
-        maintain again (a test suite re-creating it, a migration rolled back
-        or awa_trio upgraded)."""
-        while self._unfit_schema is not None:
-            await trio.sleep(SCHEMA_RECHECK_INTERVAL)
-            if self._schema_problem is None:
-                problem = None
-            else:
-                try:
-                    problem = await self._schema_problem()
-                except DatabaseError as exc:
-                    log.debug("schema check failed (will retry): %s", exc)
-                    continue
+    def _note_waiting_for(self, reason: str | None) -> None:
+        self._waiting_for = reason
+        self._state.not_leading_reason = self._unwritable or self._waiting_for
+
+    async def _wait_until(self, outcome: WaitUntil) -> None:
+        """Follow, without the lock, until the outcome's check passes."""
+        while self._waiting_for is not None:
+            await trio.sleep(outcome.every)
+            try:
+                problem = await outcome.check()
+            except DatabaseError as exc:
+                log.debug("%s failed (will retry): %s", outcome.check_name, exc)
+                continue
             if problem is None:
-                log.info("a supported awa schema is back; taking part in the election")
-            self._unfit_schema = problem
-            self._state.not_leading_reason = self._unwritable or self._unfit_schema
+                log.info("%s; taking part in the election", outcome.passed)
+            self._note_waiting_for(problem)
+
+    def _announce(self, outcome: TermOutcome) -> None:
+        """One line saying why the term ended and what this node does now."""
+        if isinstance(outcome, WaitUntil):
+            log.warning(
+                "stepping down, not leading: %s; checking again every %gs", outcome.reason, outcome.every
+            )
+            self._note_waiting_for(outcome.reason)
+        elif isinstance(outcome, HoldOff) and outcome.reason is not None:
+            log.error("giving up leadership: %s", outcome.reason)
+        elif isinstance(outcome, RetryAfterError):
+            log.error("leadership term failed, releasing the lock and retrying: %s", outcome.reason)
 
     async def _hold(self, lock: Connection) -> TermOutcome:
-        """Lead until the lock is lost or a branch gives up; always release."""
+        """Lead until the lock is lost or the term ends; always release."""
         lost = trio.Event()
         lock.on_termination(lost.set)
-        outcome = TermOutcome.LOST
+        outcome: TermOutcome = StandAgain()
         resigned: list[bool] = []
         self._resign_requested = trio.Event()
         self._state.lock_backend_pid = lock.backend_pid
@@ -468,40 +522,18 @@ class LeaderElector:
                 nursery.start_soon(self._watch_resign, resigned, nursery.cancel_scope)
                 await nursery.start(self._lead)
         except BaseExceptionGroup as group:
-            abandoned, rest = group.split(LeadershipAbandoned)
-            unfit, rest = rest.split(UnsupportedSchema) if rest is not None else (None, None)
-            failed, rest = rest.split(DatabaseError) if rest is not None else (None, None)
-            if rest is not None:
+            judged = self._outcome_of(group)
+            if judged is None:
                 raise
-            if unfit is not None:
-                reason = str(sole_exception(unfit) or unfit)
-                log.warning(
-                    "stepping down, not leading: %s; checking again every %gs",
-                    reason,
-                    SCHEMA_RECHECK_INTERVAL,
-                )
-                self._unfit_schema = reason
-                self._state.not_leading_reason = self._unwritable or self._unfit_schema
-                outcome = TermOutcome.STEPPED_DOWN
-            elif abandoned is not None:
-                log.error("giving up leadership: %s", sole_exception(abandoned) or abandoned)
-                outcome = TermOutcome.ABANDONED
-            else:
-                # Branch bodies handle their own database errors; this is the
-                # term's start-up (schema check) failing: a connection lost, a
-                # server restarting. Leading half-started is not an option.
-                log.error(
-                    "leadership term failed, releasing the lock and retrying: %s",
-                    (sole_exception(failed) if failed is not None else None) or failed,
-                )
-                outcome = TermOutcome.FAILED
+            outcome = judged
+            self._announce(outcome)
         finally:
             self._state.set_leader(False)
             self._state.lock_backend_pid = None
             self.lock_connection = None
             await self._release(lock)
         if resigned:
-            return TermOutcome.RESIGNED
+            return HoldOff(self._config.resign_hold_off)
         return outcome
 
     async def _watch_lock(self, lock: Connection, lost: trio.Event, leader_scope: trio.CancelScope) -> None:
@@ -515,7 +547,7 @@ class LeaderElector:
                 break
             try:
                 with trio.fail_after(check_timeout):
-                    [row] = await lock.fetch(HOLDS_LOCK_SQL, LOCK_KEY)
+                    [row] = await lock.fetch(*HOLDS_LOCK_SQL.bind(key=LOCK_KEY))
             except DatabaseError as exc:
                 reason = f"lock check failed: {exc}"
                 break
@@ -541,7 +573,7 @@ class LeaderElector:
         with trio.move_on_after(RELEASE_TIMEOUT, shield=True):
             if not lock.is_closed():
                 try:
-                    await lock.fetchval(UNLOCK_SQL, LOCK_KEY)
+                    await lock.fetchval(*UNLOCK_SQL.bind(key=LOCK_KEY, channel=RELEASE_CHANNEL))
                     log.info("released maintenance leader lock")
                 except DatabaseError as exc:
                     log.debug("unlock failed (closing the connection releases it): %s", exc)

@@ -56,7 +56,8 @@ from .schema import (
     SchemaInfo,
     check_schema,
 )
-from .term import LeaderTerm, read_supported_schema, run_leader_term
+from .term import LeaderTerm, run_leader_term
+from .term_outcome import term_outcome
 
 log = logging.getLogger(__name__)
 
@@ -508,16 +509,13 @@ class MaintenanceService:
                         db.drop_idle_connections()
 
                 db.drop_idle_connections()  # the start-up checks' connection
-
-                async def schema_problem() -> str | None:
-                    try:
-                        await read_supported_schema(ctx)
-                    except UnsupportedSchema as exc:
-                        return str(exc)
-                    return None
-
                 elector = self._elector = LeaderElector(
-                    db, self.config, self._state, lead, schema_problem, lock_dsn=self.lock_database_url
+                    db,
+                    self.config,
+                    self._state,
+                    lead,
+                    outcome_of=lambda group: term_outcome(group, ctx, self.config),
+                    lock_dsn=self.lock_database_url,
                 )
                 try:
                     async with trio.open_nursery() as nursery:
