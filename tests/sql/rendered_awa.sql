@@ -1,4 +1,4 @@
--- Every SQL statement of awa_trio (147 awa_trio.sql.Statement objects), rendered for the
+-- Every SQL statement of awa_trio (153 awa_trio.sql.Statement objects), rendered for the
 -- queue-storage schema awa: `python -m awa_trio sql --schema awa`.
 -- Parameters are shown as PostgreSQL receives them ($1, $2, ...), each header naming
 -- them in that order. Statements whose slots name the partitions of one ring slot are
@@ -65,6 +65,19 @@ ON CONFLICT (name) DO UPDATE SET
     missed_fire_policy = EXCLUDED.missed_fire_policy,
     updated_at = now()
 RETURNING (xmax = 0) AS inserted;
+
+-- awa_trio.db.database.PID_SQL
+SELECT pg_backend_pid();
+
+-- awa_trio.db.lock_holders.EXCLUSIVE_HOLDERS_SQL
+SELECT DISTINCT n.nspname, c.relname
+FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE l.locktype = 'relation' AND l.granted AND l.mode = 'AccessExclusiveLock'
+  AND l.pid <> pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY 1, 2;
 
 -- awa_trio.engines.canonical.admin_metadata.RECOMPUTE_DIRTY_ADMIN_METADATA_SQL
 -- parameters: $1 :batch_size
@@ -3341,6 +3354,58 @@ SELECT (
   + (SELECT COALESCE(sum(closed_count), 0) FROM awa.lease_claim_closure_batches
      WHERE ready_slot = $1 AND ready_generation = $2)
 );
+
+-- awa_trio.leadership.HOLDER_SQL
+-- parameters: $1 :pid
+SELECT application_name, host(client_addr) AS client_addr
+FROM pg_stat_activity
+WHERE pid = $1;
+
+-- awa_trio.leadership.HOLDS_LOCK_SQL
+-- parameters: $1 :key
+SELECT EXISTS (
+    SELECT 1
+    FROM pg_locks
+    WHERE locktype = 'advisory'
+      AND pid = pg_backend_pid()
+      AND granted
+      AND classid::bigint = ($1::bigint >> 32)
+      AND objid::bigint = ($1::bigint & 4294967295)
+      AND objsubid = 1
+) AS held,
+pg_is_in_recovery() AS in_recovery,
+current_setting('transaction_read_only') = 'on' AS read_only;
+
+-- awa_trio.leadership.TRY_LOCK_SQL
+-- parameters: $1 :key
+WITH attempt AS MATERIALIZED (
+    SELECT pg_is_in_recovery() AS in_recovery,
+           current_setting('transaction_read_only') = 'on' AS read_only,
+           CASE WHEN (NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off') THEN pg_try_advisory_lock($1) ELSE false END AS acquired,
+           pg_backend_pid() AS backend_pid
+)
+SELECT attempt.*, holder.pid AS holder_pid
+FROM attempt
+LEFT JOIN LATERAL (
+    SELECT l.pid
+    FROM pg_locks AS l
+    WHERE NOT attempt.acquired
+      AND l.locktype = 'advisory'
+      AND l.granted
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid::bigint = ($1::bigint >> 32)
+      AND l.objid::bigint = ($1::bigint & 4294967295)
+      AND l.objsubid = 1
+    LIMIT 1
+) AS holder ON true;
+
+-- awa_trio.leadership.UNLOCK_SQL
+-- parameters: $1 :key, $2 :channel
+SELECT unlocked.released
+FROM (SELECT pg_advisory_unlock($1) AS released) AS unlocked
+LEFT JOIN LATERAL (
+    SELECT pg_notify($2, '') WHERE unlocked.released
+) AS notified ON true;
 
 -- awa_trio.maintenance.batch_operations.FINALIZE_OPERATION_SQL
 -- parameters: $1 :operation_id, $2 :state, $3 :retention_days, $4 :last_error
