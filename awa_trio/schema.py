@@ -14,8 +14,8 @@ import trio
 from . import engines
 from .db import Database, QueryError, open_database
 from .engines import INITIAL_ENGINE, engine_for, engine_named
-from .engines import STATE_CANONICAL as STATE_CANONICAL
 from .engines import STATE_ACTIVE as STATE_ACTIVE
+from .engines import STATE_CANONICAL as STATE_CANONICAL
 from .engines import STATE_MIXED_TRANSITION as STATE_MIXED_TRANSITION
 from .engines import STATE_PREPARED as STATE_PREPARED
 from .engines import SUPPORTED_ENGINES as SUPPORTED_ENGINES

@@ -65,6 +65,12 @@ def known_engines() -> tuple[Engine, ...]:
     return tuple(engine_named(name) for name in SUPPORTED_ENGINES)
 
 
+def job_label(engine: str, job_id: int) -> str:
+    """A job for log lines: a bare id on the initial engine (whose ids
+    everyone knows), ``engine:id`` on another (ids overlap between engines)."""
+    return str(job_id) if engine == INITIAL_ENGINE else f"{engine}:{job_id}"
+
+
 def runs_queue_storage(info: SchemaInfo) -> bool:
     """Queue-storage branches run, as upstream's auto runtime does, once
     routing has flipped (mixed_transition) or finished (active)."""
