@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from .engines import job_label
+from .engines.states import job_label
 from .jobs import CANONICAL, ENGINES, JobRow
 
 if TYPE_CHECKING:

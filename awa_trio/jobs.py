@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from .engines import CANONICAL as CANONICAL
-from .engines import QUEUE_STORAGE as QUEUE_STORAGE
-from .engines import SUPPORTED_ENGINES, job_label
+from .engines.states import CANONICAL as CANONICAL
+from .engines.states import QUEUE_STORAGE as QUEUE_STORAGE
+from .engines.states import SUPPORTED_ENGINES, job_label
 
 ENGINES = SUPPORTED_ENGINES
 

@@ -44,7 +44,7 @@ from typing import Any
 import trio
 
 from .db import Connection, Database, DatabaseError, QueryError, describe_error
-from .engines import STATE_CANONICAL, STATE_MIXED_TRANSITION
+from .engines.states import STATE_CANONICAL, STATE_MIXED_TRANSITION
 from .leadership import LeadershipState
 from .sql import Statement
 from .version import __version__

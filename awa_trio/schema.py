@@ -11,14 +11,15 @@ from typing import Any
 
 import trio
 
-from . import engines
 from .db import Database, QueryError, open_database
-from .engines import INITIAL_ENGINE, engine_for, engine_named
-from .engines import STATE_ACTIVE as STATE_ACTIVE
-from .engines import STATE_CANONICAL as STATE_CANONICAL
-from .engines import STATE_MIXED_TRANSITION as STATE_MIXED_TRANSITION
-from .engines import STATE_PREPARED as STATE_PREPARED
-from .engines import SUPPORTED_ENGINES as SUPPORTED_ENGINES
+from .engines import states
+from .engines.states import INITIAL_ENGINE as INITIAL_ENGINE
+from .engines.states import STATE_ACTIVE as STATE_ACTIVE
+from .engines.states import STATE_CANONICAL as STATE_CANONICAL
+from .engines.states import STATE_MIXED_TRANSITION as STATE_MIXED_TRANSITION
+from .engines.states import STATE_PREPARED as STATE_PREPARED
+from .engines.states import SUPPORTED_ENGINES as SUPPORTED_ENGINES
+from .engines.states import accepts_transition as accepts_transition
 from .errors import AwaTrioError, UnsupportedSchema
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,9 @@ log = logging.getLogger(__name__)
 #: Awa 0.6.0-0.6.1 = 39, Awa 0.6.2-0.6.9 = 40 (v40 only changes storage-transition finalisation).
 SUPPORTED_SCHEMA_VERSIONS = (39, 40)
 #: Engine names and transition states live with the state-to-engine map
-#: (:mod:`awa_trio.engines`); kept importable from here for callers.
-CANONICAL = engines.CANONICAL
-QUEUE_STORAGE = engines.QUEUE_STORAGE
+#: (:mod:`awa_trio.engines.states`); kept importable from here for callers.
+CANONICAL = states.CANONICAL
+QUEUE_STORAGE = states.QUEUE_STORAGE
 AWA_PG_REQUIREMENT = "awa-pg==0.6.1"
 DEFAULT_QUEUE_STORAGE_SCHEMA = "awa"
 
@@ -66,17 +67,17 @@ class SchemaInfo:
     @property
     def runs_queue_storage(self) -> bool:
         """Queue-storage branches run (routing has flipped or finished)."""
-        return engines.runs_queue_storage(self)
+        return states.runs_queue_storage(self)
 
     @property
     def in_mixed_transition(self) -> bool:
         """Canonical rows may still be draining beside queue storage."""
-        return engines.in_mixed_transition(self)
+        return states.in_mixed_transition(self)
 
     @property
     def branch_set(self) -> tuple[str, str]:
         """What decides the branch set: a change of it ends the leader term."""
-        return engines.branch_set(self)
+        return states.branch_set(self)
 
 
 def unsupported_version_message(version: int | None) -> str:
@@ -190,15 +191,14 @@ async def migrate(database_url: str, engine: str | None = None) -> SchemaInfo:
         await db.fetchval("SELECT 1")
         await trio.to_thread.run_sync(awa.Client(database_url).migrate)
         info = await check_schema(db)
-        wanted = engine_named(engine) if engine in SUPPORTED_ENGINES else None
-        if wanted is None or wanted.install is None or engine_for(info) is wanted:
+        if not states.switched_at_install(engine, info):
             return info
         if info.state != STATE_CANONICAL or await db.fetchval(_HAS_JOBS_SQL):
             raise AwaTrioError(
-                f"this database holds jobs on {engine_for(info).title} (state {info.state}): switch it to "
-                f"{wanted.title} with Awa's staged transition (prepare, enter, finalize), not at install"
+                f"this database holds jobs on the canonical engine (state {info.state}): switch it to "
+                "queue storage with Awa's staged transition (prepare, enter, finalize), not at install"
             )
-        await trio.to_thread.run_sync(wanted.install, database_url)
+        await trio.to_thread.run_sync(install_queue_storage, database_url)
         return await check_schema(db)
 
 

@@ -53,14 +53,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..context import MaintenanceContext
-from ..engines import (
+from ..metrics import STORAGE_CAPABILITIES, InfoSnapshot
+from ..schema import (
     INITIAL_ENGINE,
     STATE_CANONICAL,
     STATE_MIXED_TRANSITION,
     STATE_PREPARED,
     accepts_transition,
 )
-from ..metrics import STORAGE_CAPABILITIES, InfoSnapshot
 from ..sql import Statement
 
 #: Runtime capabilities whose live snapshots keep awa.storage_finalize()
