@@ -1,31 +1,24 @@
 """Least privilege: the grants a non-superuser maintenance role needs, and the
 check a leader makes when a term starts.
 
-What awa_trio needs was read off the SQL it runs, together with what Awa's
-own functions and triggers do on its behalf: none of them is SECURITY
-DEFINER, so each runs with the leader's privileges (the unique-claim and
-admin-cache triggers of the job tables, ``awa.insert_job_compat`` behind cron
-fires and follow-up jobs, the lane functions behind promotion). Advisory
-locks and LISTEN/NOTIFY need no grant.
+Each engine declares what its branches need (``grants`` on its
+:class:`~awa_trio.engines.base.Engine`: read off the SQL it runs, together
+with what Awa's own functions and triggers do on its behalf, none of them
+SECURITY DEFINER); this module adds what every engine needs in the awa
+schema, asks the engines in use for the rest, and resolves the needs
+against the live catalog. Advisory locks and LISTEN/NOTIFY need no grant.
 
-Objects are listed one by one from the live catalog (ring children per slot,
-lane sequences per lane, functions with their signatures), so the statements
-are exact for the database they were generated on. Run ``python -m awa_trio
-grants`` again after a migration adds tables, after a storage transition,
-and after a ring is resized. Lane sequences appear with every new queue,
-priority or shard; the default privileges in the output cover those
-(``ALTER DEFAULT PRIVILEGES`` for the roles that own the queue-storage
-objects), and :func:`missing_privileges` names any that are still missing.
-
-Three grants are wider than one table, because the database leaves no
-narrower one: ``CREATE`` on the queue-storage schema (promotion reserves lane
-positions through Awa's ``ensure_lane_sequences``, which runs ``CREATE
-SEQUENCE IF NOT EXISTS`` for every batch, and PostgreSQL checks ``CREATE`` even
-when the sequence exists); ``pg_read_all_stats`` (the terminal-count rollup
-may only TRUNCATE while no other session of the database holds a snapshot,
-and without it the ``pg_stat_activity`` columns that say so are hidden for
-other roles' sessions, so the check would always pass); and ``UPDATE`` on
-tables awa_trio only locks rows of (``SELECT ... FOR UPDATE`` requires it).
+Objects are listed one by one from the catalog (ring children per slot,
+sequences made at run time per prefix, functions with their signatures),
+so the statements are exact for the database they were generated on. Run
+``python -m awa_trio grants`` again after a migration adds tables, after a
+storage transition, and after a ring is resized. Sequences an engine makes
+at run time (queue storage's lane sequences, with every new queue, priority
+or shard) are covered by the default privileges in the output (``ALTER
+DEFAULT PRIVILEGES`` for the roles that own the engine's schema objects),
+and :func:`missing_privileges` names any that are still missing. ``UPDATE``
+is granted on tables awa_trio only locks rows of (``SELECT ... FOR UPDATE``
+requires it).
 """
 
 from __future__ import annotations

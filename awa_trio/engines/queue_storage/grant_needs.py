@@ -1,6 +1,16 @@
 """What the queue-storage engine's branches need of the leading role: a few
 objects in the awa schema, and its rings, lanes and sequences in the
-queue-storage schema (the grants machinery is :mod:`awa_trio.grants`)."""
+queue-storage schema (the grants machinery is :mod:`awa_trio.grants`).
+
+Two grants are wider than one table, because the database leaves no
+narrower one: ``CREATE`` on the queue-storage schema (promotion reserves lane
+positions through Awa's ``ensure_lane_sequences``, which runs ``CREATE
+SEQUENCE IF NOT EXISTS`` for every batch, and PostgreSQL checks ``CREATE`` even
+when the sequence exists), and ``pg_read_all_stats`` (the terminal-count
+rollup may only TRUNCATE while no other session of the database holds a
+snapshot, and without it the ``pg_stat_activity`` columns that say so are
+hidden for other roles' sessions, so the check would always pass).
+"""
 
 from __future__ import annotations
 
