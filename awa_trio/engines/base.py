@@ -3,8 +3,9 @@ instance per engine package (``ENGINE`` in its ``engine.py``).
 
 Code outside :mod:`awa_trio.engines` asks the engine object for what
 differs between engines (its branches, the grants they need, the backlog
-reads of ``status`` and ``doctor``, its part in a staged transition) and never compares engine names; :mod:`awa_trio.engines` alone maps a
-storage state to an engine. The instance module stays light: the branch
+reads of ``status`` and ``doctor``, its part in a staged transition) and
+never compares engine names; :mod:`awa_trio.engines` alone maps a storage
+state to an engine. The instance module stays light: the branch
 modules are imported inside the functions that build the specs, so asking
 an engine for its name, grants or reads loads none of them.
 
@@ -107,8 +108,8 @@ class GrantNeeds:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BacklogReads:
-    """The reads ``status``, ``doctor`` and the gauges make of an engine's
-    backlog; ``{schema}`` (if a statement has it) is the storage schema."""
+    """The reads ``status`` and ``doctor`` make of an engine's backlog;
+    ``{schema}`` (if a statement has it) is the storage schema."""
 
     #: Due jobs not yet promoted: rows of (state, jobs, oldest_seconds).
     due_counts: Statement
