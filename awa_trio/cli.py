@@ -48,6 +48,7 @@ from .cron import (
     split_periodic_job_lines,
 )
 from .db import DatabaseError, sole_exception
+from .engines import DEFAULT_ENGINE, ENGINE_CHOICES
 from .errors import AwaTrioError, ConfigError, UnsupportedSchema
 from .grants import DEFAULT_ROLE
 from .http_api import parse_address, parse_admin_address, prometheus_meter_provider
@@ -250,7 +251,7 @@ def _settings_options(parser: argparse.ArgumentParser) -> None:
 def _migrate_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine",
-        choices=("queue_storage", "canonical"),
+        choices=ENGINE_CHOICES,
         default=None,
         help="install queue storage (Awa 0.6's default) or leave the canonical engine; without it the "
         "database stays canonical until the first awa-pg runtime finalises it to queue storage",
@@ -260,7 +261,7 @@ def _migrate_options(parser: argparse.ArgumentParser) -> None:
 def _demo_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine",
-        choices=("queue_storage", "canonical"),
+        choices=ENGINE_CHOICES,
         default=None,
         help="the storage engine to show (default queue_storage, Awa 0.6's)",
     )
@@ -548,7 +549,7 @@ class Invocation:
     log_format: str = "text"
     metrics_addr: str | None = None
     json_output: bool = False
-    demo_engine: str = "queue_storage"
+    demo_engine: str = DEFAULT_ENGINE
     #: migrate --engine: None leaves a fresh install canonical.
     migrate_engine: str | None = None
     demo_duration: float | None = None
@@ -684,7 +685,7 @@ def resolve(argv: Sequence[str] | None, environ: Mapping[str, str] | None = None
         log_format=log_format,
         metrics_addr=metrics_addr or None,
         json_output=args.json,
-        demo_engine=args.engine or "queue_storage",
+        demo_engine=args.engine or DEFAULT_ENGINE,
         migrate_engine=args.engine if args.command == "migrate" else None,
         demo_duration=demo_duration,
         grants_role=DEFAULT_ROLE if args.role is None else args.role,

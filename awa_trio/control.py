@@ -24,7 +24,7 @@ POLL_INTERVAL = 0.02
 
 
 async def lock_holder(db: Database) -> dict[str, Any] | None:
-    rows = await db.fetch(LOCK_SESSIONS_SQL, LOCK_KEY)
+    rows = await db.fetch(*LOCK_SESSIONS_SQL.bind(lock_key=LOCK_KEY))
     return next((dict(row) for row in rows if row["holds_lock"]), None)
 
 

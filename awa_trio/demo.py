@@ -28,10 +28,11 @@ import trio
 from .config import MaintenanceConfig
 from .cron import PeriodicJob
 from .db import open_database
+from .engines import DEFAULT_ENGINE, engine_for, engine_named
 from .engines.canonical import rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from .engines.queue_storage import rescue_heartbeats as qs_rescue_heartbeats
 from .http_api import prometheus_meter_provider
-from .schema import QUEUE_STORAGE, SchemaInfo, install_queue_storage, read_schema
+from .schema import SchemaInfo, read_schema
 from .service import MaintenanceService
 
 if TYPE_CHECKING:
@@ -138,8 +139,9 @@ class Narrator:
                 f"the database runs on the canonical engine (awa.storage_status(): engine "
                 f"{schema.engine}, state {schema.state}); awa_trio leads it with its canonical branches"
             )
-        if first and asked == QUEUE_STORAGE and not schema.runs_queue_storage:
-            text += " (queue storage was asked for, but the switch did not happen)"
+        wanted = engine_named(asked)
+        if first and wanted.install is not None and engine_for(schema) is not wanted:
+            text += f" ({wanted.title} was asked for, but the switch did not happen)"
         say(text if first else f"storage changed: {text}")
 
     def observe_rescues(self, rows: list) -> None:
@@ -234,7 +236,7 @@ async def start_worker(
 
 
 async def run_demo(
-    engine: str = QUEUE_STORAGE, http_address: str = "127.0.0.1:9464", duration: float | None = None
+    engine: str = DEFAULT_ENGINE, http_address: str = "127.0.0.1:9464", duration: float | None = None
 ) -> int:
     """The whole demo under one signal receiver: SIGINT or SIGTERM at any
     moment stops it, and the server, its directory and the workers go with
@@ -266,13 +268,14 @@ async def run_demo(
                     url = server.url_for(DEMO_DATABASE)
                     say(f"installing the Awa schema with awa-pg into {url} ...")
                     await _blocking(server, _migrate, url)
-                    if engine == QUEUE_STORAGE:
+                    install = engine_named(engine).install
+                    if install is not None:
                         # Before anything runs: an awa-pg ``auto`` runtime only
                         # switches an install that holds no job, and the demo's
                         # cron job (fired within a second of awa_trio leading)
                         # often landed in the canonical tables first.
-                        say("switching the new database to queue storage with awa-pg ...")
-                        await _blocking(server, install_queue_storage, url)
+                        say(f"switching the new database to {engine_named(engine).title} with awa-pg ...")
+                        await _blocking(server, install, url)
                     await _run(url, engine, http_address, duration)
             finally:
                 with trio.CancelScope(shield=True):
@@ -310,7 +313,7 @@ async def _run(url: str, engine: str, http_address: str, duration: float | None)
         meter_provider=prometheus_meter_provider(instance_id),
         periodic_jobs=[PeriodicJob("demo_tick", "* * * * * *", kind="demo_tick", queue=DEMO_QUEUE)],
     )
-    role = "auto" if engine == QUEUE_STORAGE else "canonical_drain"
+    role = engine_named(engine).worker_role
     narrator = Narrator()
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)

@@ -26,8 +26,9 @@ from .db import (
     find_lock_holder,
     open_database,
 )
+from .engines import engine_for
 from .errors import UnsupportedSchema
-from .grants import missing_privileges
+from .grants import CURRENT_USER_SQL, missing_privileges
 from .leadership import LOCK_KEY, unwritable_reason
 from .logs import redact_url
 from .schema import (
@@ -38,13 +39,8 @@ from .schema import (
     unsupported_engine_message,
     unsupported_version_message,
 )
-from .status import (
-    CANONICAL_DUE_SQL,
-    LOCK_SESSIONS_SQL,
-    QUEUE_STORAGE_DUE_SQL,
-    RESCUE_BACKLOG_SQL,
-    RUNTIMES_SQL,
-)
+from .sql import Statement
+from .status import LOCK_SESSIONS_SQL, RUNTIMES_SQL
 
 OK, WARNING, CRITICAL = "ok", "warning", "critical"
 EXIT_HEALTHY, EXIT_WARNINGS, EXIT_CRITICAL = 0, 1, 2
@@ -142,11 +138,13 @@ async def check_schema_finding(db: Database) -> tuple[Finding, SchemaInfo | None
     ), info
 
 
+SERVER_SQL = Statement("""
+    SELECT pg_is_in_recovery() AS in_recovery, current_setting('transaction_read_only') = 'on' AS read_only
+""")
+
+
 async def check_server(db: Database) -> Finding:
-    row = await db.fetchrow(
-        "SELECT pg_is_in_recovery() AS in_recovery, "
-        "current_setting('transaction_read_only') = 'on' AS read_only"
-    )
+    row = await db.fetchrow(*SERVER_SQL.bind())
     assert row is not None
     details = {"in_recovery": row["in_recovery"], "read_only": row["read_only"]}
     reason = unwritable_reason("this server", row["in_recovery"], row["read_only"])
@@ -164,7 +162,7 @@ async def check_server(db: Database) -> Finding:
 
 
 async def check_leader(db: Database) -> Finding:
-    sessions = [dict(row) for row in await db.fetch(LOCK_SESSIONS_SQL, LOCK_KEY)]
+    sessions = [dict(row) for row in await db.fetch(*LOCK_SESSIONS_SQL.bind(lock_key=LOCK_KEY))]
     holder = next((s for s in sessions if s["holds_lock"]), None)
     if holder:
         name = holder["application_name"] or ""
@@ -184,7 +182,7 @@ async def check_leader(db: Database) -> Finding:
             details=details,
         )
     try:
-        runtimes = [dict(row) for row in await db.fetch(RUNTIMES_SQL)]
+        runtimes = [dict(row) for row in await db.fetch(*RUNTIMES_SQL.bind())]
     except DatabaseError:
         runtimes = []
     # An awa_trio node leads only while it holds the lock (the case above):
@@ -211,14 +209,14 @@ async def check_leader(db: Database) -> Finding:
 #: Live runtimes that run queues (awa-pg or Rust workers: the processes whose
 #: code may declare schedules with client.periodic); awa_trio's own
 #: maintenance-only instance runs none.
-WORKER_RUNTIMES_SQL = """
+WORKER_RUNTIMES_SQL = Statement("""
     SELECT hostname, pid, version
     FROM awa.runtime_instances
     WHERE last_seen_at > now() - make_interval(secs => greatest(snapshot_interval_ms, 1000) * 3 / 1000.0)
       AND NOT shutting_down
       AND jsonb_typeof(queues) = 'array' AND jsonb_array_length(queues) > 0
     ORDER BY hostname, pid
-"""
+""")
 
 
 async def check_periodic_declarations(
@@ -228,7 +226,7 @@ async def check_periodic_declarations(
     code declares; only awa_trio's own (--periodic-from, [periodic_jobs])
     reach awa.cron_jobs. ``periodic_jobs`` and ``periodic_from`` are what this
     doctor's configuration gives awa_trio (run it with run's flags)."""
-    sessions = await db.fetch(LOCK_SESSIONS_SQL, LOCK_KEY)
+    sessions = await db.fetch(*LOCK_SESSIONS_SQL.bind(lock_key=LOCK_KEY))
     holder = next((s for s in sessions if s["holds_lock"]), None)
     if holder is not None and holder["application_name"] is None:
         return Finding(
@@ -240,7 +238,7 @@ async def check_periodic_declarations(
         return Finding(
             "periodic_declarations", OK, "awa_trio does not lead: the leading runtime registers its schedules"
         )
-    workers = [dict(row) for row in await db.fetch(WORKER_RUNTIMES_SQL)]
+    workers = [dict(row) for row in await db.fetch(*WORKER_RUNTIMES_SQL.bind())]
     details = {
         "worker_runtimes": len(workers),
         "periodic_jobs": periodic_jobs,
@@ -283,7 +281,7 @@ async def check_periodic_declarations(
 async def check_instances(db: Database) -> Finding:
     """The registered instances (awa.runtime_instances, what Awa's admin
     views show), the one that says it leads first."""
-    instances = [_instance(dict(row)) for row in await db.fetch(RUNTIMES_SQL)]
+    instances = [_instance(dict(row)) for row in await db.fetch(*RUNTIMES_SQL.bind())]
     if not instances:
         return Finding("instances", OK, "none live in awa.runtime_instances", details={"instances": []})
     leading = [i for i in instances if i["leader"]]
@@ -313,20 +311,22 @@ def _instance(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: The other session holding the oldest snapshot.
+OLDEST_SNAPSHOT_SQL = Statement("""
+    SELECT pid, application_name, state, backend_xmin::text AS xmin,
+           extract(epoch FROM now() - coalesce(xact_start, query_start))::float8 AS age
+    FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+      AND backend_xmin IS NOT NULL
+    ORDER BY coalesce(xact_start, query_start) NULLS LAST
+    LIMIT 1
+""")
+
+
 async def check_horizon(
     db: Database, warning: float = HORIZON_WARNING, critical: float = HORIZON_CRITICAL
 ) -> Finding:
-    row = await db.fetchrow(
-        """
-        SELECT pid, application_name, state, backend_xmin::text AS xmin,
-               extract(epoch FROM now() - coalesce(xact_start, query_start))::float8 AS age
-        FROM pg_stat_activity
-        WHERE datname = current_database() AND pid <> pg_backend_pid()
-          AND backend_xmin IS NOT NULL
-        ORDER BY coalesce(xact_start, query_start) NULLS LAST
-        LIMIT 1
-        """
-    )
+    row = await db.fetchrow(*OLDEST_SNAPSHOT_SQL.bind())
     if row is None:
         return Finding("mvcc_horizon", OK, "no other session holds a snapshot")
     if row["age"] is None:  # another role's session, seen without pg_read_all_stats
@@ -369,7 +369,7 @@ async def check_ddl_locks(
     yields themselves are counted in the leader's metrics, which the
     doctor, a client of the database only, cannot read.)"""
     schemas = sorted({"awa", info.queue_storage_schema if info is not None else "awa"})
-    rows = await db.fetch(DDL_LOCKS_SQL, schemas, warning)
+    rows = await db.fetch(*DDL_LOCKS_SQL.bind(schemas=schemas, held_for=warning))
     if not rows:
         return Finding("ddl_locks", OK, "no session has held an exclusive lock on an awa table for long")
     first = rows[0]
@@ -390,7 +390,7 @@ async def check_ddl_locks(
 #: Granted relation locks that conflict with what maintenance takes (SHARE
 #: and stronger block its writes, ACCESS EXCLUSIVE its reads too), on tables
 #: of the awa schemas, in transactions older than the threshold.
-DDL_LOCKS_SQL = """
+DDL_LOCKS_SQL = Statement("""
     SELECT l.pid, a.application_name, a.state, l.mode,
            format('%I.%I', n.nspname, c.relname) AS relation,
            extract(epoch FROM now() - a.xact_start)::float8 AS age
@@ -401,22 +401,18 @@ DDL_LOCKS_SQL = """
     WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
-      AND n.nspname = ANY($1::text[])
-      AND a.xact_start < now() - make_interval(secs => $2)
+      AND n.nspname = ANY(:schemas::text[])
+      AND a.xact_start < now() - make_interval(secs => :held_for)
     ORDER BY a.xact_start, relation
-"""
+""")
 
 
 async def check_backlogs(
     db: Database, info: SchemaInfo, config: MaintenanceConfig, due_grace: float = DUE_GRACE
 ) -> list[Finding]:
     findings = []
-    if info.runs_queue_storage:
-        due_sql = QUEUE_STORAGE_DUE_SQL.format(schema=info.queue_storage_schema)
-        rescue_table = "awa.jobs"
-    else:
-        due_sql, rescue_table = CANONICAL_DUE_SQL, "awa.jobs_hot"
-    due = {row["state"]: row for row in await db.fetch(due_sql)}
+    backlog = engine_for(info).backlog
+    due = {row["state"]: row for row in await db.fetch(*backlog.due_counts_query(info.queue_storage_schema))}
     late = {
         state: row["jobs"]
         for state, row in due.items()
@@ -439,7 +435,9 @@ async def check_backlogs(
     else:
         findings.append(Finding("due_not_promoted", OK, "no due job waits to be promoted"))
     try:
-        row = await db.fetchrow(RESCUE_BACKLOG_SQL.format(table=rescue_table), config.heartbeat_staleness)
+        row = await db.fetchrow(
+            *backlog.rescue_backlog_query(info.queue_storage_schema, config.heartbeat_staleness)
+        )
     except DatabaseError as exc:
         findings.append(
             Finding(
@@ -483,9 +481,13 @@ async def check_backlogs(
     return findings
 
 
+SERVER_CLOCK_SQL = Statement("SELECT extract(epoch FROM clock_timestamp())::float8")
+NOTIFY_SQL = Statement("SELECT pg_notify(:channel, '')")
+
+
 async def check_clock(db: Database) -> Finding:
     before = time.time()
-    server = float(await db.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8"))
+    server = float(await db.fetchval(*SERVER_CLOCK_SQL.bind()))
     after = time.time()
     skew = server - (before + after) / 2
     uncertainty = (after - before) / 2
@@ -515,7 +517,7 @@ async def check_notify(db: Database, timeout: float = NOTIFY_TIMEOUT) -> Finding
         conn = await db.connect_dedicated(application_name="awa_trio doctor listen")
         try:
             await conn.listen(channel, lambda _payload: arrived.set())
-            await db.execute("SELECT pg_notify($1, '')", channel)
+            await db.execute(*NOTIFY_SQL.bind(channel=channel))
             with trio.move_on_after(timeout):
                 await arrived.wait()
         finally:
@@ -547,7 +549,7 @@ async def check_privileges(db: Database, info: SchemaInfo) -> Finding:
         return Finding("privileges", WARNING, f"could not check privileges: {exc}")
     if not missing:
         return Finding("privileges", OK, "the connected role has every privilege a leader needs")
-    role = str(await db.fetchval("SELECT current_user"))
+    role = str(await db.fetchval(*CURRENT_USER_SQL.bind()))
     return Finding(
         "privileges",
         WARNING,

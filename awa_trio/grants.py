@@ -1,31 +1,24 @@
 """Least privilege: the grants a non-superuser maintenance role needs, and the
 check a leader makes when a term starts.
 
-What awa_trio needs was read off the SQL it runs, together with what Awa's
-own functions and triggers do on its behalf: none of them is SECURITY
-DEFINER, so each runs with the leader's privileges (the unique-claim and
-admin-cache triggers of the job tables, ``awa.insert_job_compat`` behind cron
-fires and follow-up jobs, the lane functions behind promotion). Advisory
-locks and LISTEN/NOTIFY need no grant.
+Each engine declares what its branches need (``grants`` on its
+:class:`~awa_trio.engines.base.Engine`: read off the SQL it runs, together
+with what Awa's own functions and triggers do on its behalf, none of them
+SECURITY DEFINER); this module adds what every engine needs in the awa
+schema, asks the engines in use for the rest, and resolves the needs
+against the live catalog. Advisory locks and LISTEN/NOTIFY need no grant.
 
-Objects are listed one by one from the live catalog (ring children per slot,
-lane sequences per lane, functions with their signatures), so the statements
-are exact for the database they were generated on. Run ``python -m awa_trio
-grants`` again after a migration adds tables, after a storage transition,
-and after a ring is resized. Lane sequences appear with every new queue,
-priority or shard; the default privileges in the output cover those
-(``ALTER DEFAULT PRIVILEGES`` for the roles that own the queue-storage
-objects), and :func:`missing_privileges` names any that are still missing.
-
-Three grants are wider than one table, because the database leaves no
-narrower one: ``CREATE`` on the queue-storage schema (promotion reserves lane
-positions through Awa's ``ensure_lane_sequences``, which runs ``CREATE
-SEQUENCE IF NOT EXISTS`` for every batch, and PostgreSQL checks ``CREATE`` even
-when the sequence exists); ``pg_read_all_stats`` (the terminal-count rollup
-may only TRUNCATE while no other session of the database holds a snapshot,
-and without it the ``pg_stat_activity`` columns that say so are hidden for
-other roles' sessions, so the check would always pass); and ``UPDATE`` on
-tables awa_trio only locks rows of (``SELECT ... FOR UPDATE`` requires it).
+Objects are listed one by one from the catalog (ring children per slot,
+sequences made at run time per prefix, functions with their signatures),
+so the statements are exact for the database they were generated on. Run
+``python -m awa_trio grants`` again after a migration adds tables, after a
+storage transition, and after a ring is resized. Sequences an engine makes
+at run time (queue storage's lane sequences, with every new queue, priority
+or shard) are covered by the default privileges in the output (``ALTER
+DEFAULT PRIVILEGES`` for the roles that own the engine's schema objects),
+and :func:`missing_privileges` names any that are still missing. ``UPDATE``
+is granted on tables awa_trio only locks rows of (``SELECT ... FOR UPDATE``
+requires it).
 """
 
 from __future__ import annotations
@@ -33,52 +26,35 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from .db import Database, DatabaseError, open_database
+from .engines import engines_in_use
+from .engines.base import (
+    CONNECT,
+    CREATE,
+    DELETE,
+    EXECUTE,
+    INSERT,
+    SELECT,
+    TRUNCATE,
+    UPDATE,
+    USAGE,
+    FunctionNeed,
+    SequenceNeed,
+    StorageSchemaNeeds,
+    TableNeed,
+)
 from .errors import UnsupportedSchema
-from .schema import QUEUE_STORAGE, STATE_CANONICAL, SchemaInfo, check_schema
+from .schema import SchemaInfo, check_schema
+from .sql import Statement
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ROLE = "awa_maintenance"
 AWA_SCHEMA = "awa"
-#: The predefined role that shows other roles' sessions in pg_stat_activity.
-READ_ALL_STATS = "pg_read_all_stats"
-
-SELECT, INSERT, UPDATE, DELETE, TRUNCATE = "SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE"
-USAGE, CREATE, EXECUTE, CONNECT = "USAGE", "CREATE", "EXECUTE", "CONNECT"
 #: At most this many missing privileges are named in the term-start line.
 MISSING_SHOWN = 10
-
-
-@dataclasses.dataclass(frozen=True)
-class TableNeed:
-    """Privileges on one table or view (by name in its schema)."""
-
-    name: str
-    privileges: tuple[str, ...]
-    why: str
-    #: Privileges needed on each partition as well: ring prunes and the
-    #: rollup read, lock and truncate a slot's child tables directly.
-    partition_privileges: tuple[str, ...] = ()
-    #: Only Awa's own functions touch it: needed only where one of them
-    #: names it (Awa releases differ in which admin-cache tables they use).
-    via_awa_functions: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class SequenceNeed:
-    name: str
-    privileges: tuple[str, ...]
-    why: str
-
-
-@dataclasses.dataclass(frozen=True)
-class FunctionNeed:
-    """EXECUTE on every overload of a function (by name in its schema)."""
-
-    name: str
-    why: str
 
 
 # --- the awa schema, whatever the engine ----------------------------------------------
@@ -129,177 +105,6 @@ AWA_FUNCTIONS = (
     ),
 )
 
-# --- the canonical plane (awa schema) ----------------------------------------------------
-
-_JOB_TABLE_WHY = "promotion, rescues, cleanup, priority aging, batch operations, cron; status"
-_ADMIN_CACHE_WHY = "admin cache, kept by the job-table triggers and the admin metadata branches"
-_DIRTY_KEYS_WHY = (
-    "dirty admin-cache keys: marked by the job-table triggers, drained by the admin metadata branches"
-)
-
-CANONICAL_TABLES = (
-    TableNeed("jobs_hot", (SELECT, INSERT, UPDATE, DELETE), _JOB_TABLE_WHY),
-    TableNeed("scheduled_jobs", (SELECT, INSERT, UPDATE, DELETE), _JOB_TABLE_WHY),
-    # Awa 0.6.1: recompute locks the keys (FOR UPDATE), refresh truncates them.
-    TableNeed(
-        "admin_dirty_queues",
-        (SELECT, INSERT, UPDATE, DELETE, TRUNCATE),
-        _DIRTY_KEYS_WHY + " (row locks; refresh truncates)",
-        via_awa_functions=True,
-    ),
-    TableNeed(
-        "admin_dirty_kinds",
-        (SELECT, INSERT, UPDATE, DELETE, TRUNCATE),
-        _DIRTY_KEYS_WHY + " (row locks; refresh truncates)",
-        via_awa_functions=True,
-    ),
-    # Later 0.6 releases mark keys in these instead (plain inserts and deletes).
-    TableNeed("admin_dirty_queue_marks", (SELECT, INSERT, DELETE), _DIRTY_KEYS_WHY, via_awa_functions=True),
-    TableNeed("admin_dirty_kind_marks", (SELECT, INSERT, DELETE), _DIRTY_KEYS_WHY, via_awa_functions=True),
-    TableNeed("queue_state_counts", (SELECT, INSERT, UPDATE, DELETE), _ADMIN_CACHE_WHY + "; queue_stats"),
-    TableNeed("job_queue_catalog", (SELECT, INSERT, UPDATE, DELETE), _ADMIN_CACHE_WHY),
-    TableNeed("job_kind_catalog", (SELECT, INSERT, UPDATE, DELETE), _ADMIN_CACHE_WHY),
-)
-
-CANONICAL_SEQUENCES = (
-    SequenceNeed("jobs_id_seq", (USAGE,), "ids of jobs insert_job_compat inserts (cron, follow-ups)"),
-)
-
-CANONICAL_FUNCTIONS = (
-    FunctionNeed("recompute_dirty_admin_metadata", "recompute_dirty_admin_metadata branch"),
-    FunctionNeed("refresh_admin_metadata", "refresh_admin_metadata branch"),
-)
-
-# --- the queue-storage plane --------------------------------------------------------------
-
-#: In the awa schema: what queue storage adds there.
-QUEUE_STORAGE_AWA_TABLES = (
-    TableNeed(
-        "job_unique_claims",
-        (UPDATE,),
-        "a rescue takes a unique claim back (INSERT ... ON CONFLICT DO UPDATE)",
-    ),
-    TableNeed("jobs", (SELECT,), "status: the rescue backlog reads the awa.jobs view"),
-)
-
-QUEUE_STORAGE_AWA_FUNCTIONS = (
-    FunctionNeed("jobs_compat", "behind the awa.jobs view (status)"),
-    FunctionNeed("queue_storage_payload_tags", "batch operations' tag filter; awa.jobs"),
-    FunctionNeed("queue_storage_payload_errors", "awa.jobs"),
-)
-
-_RING_CHILD = (SELECT, TRUNCATE)
-_QUEUE_RING_WHY = "queue ring: rotation checks it, prune reads and truncates each slot's child"
-_CLAIM_RING_WHY = "claim ring: rotation and prune"
-_ROW_LOCK_WHY = "UPDATE only for the row locks (SELECT ... FOR UPDATE)"
-
-#: In the queue-storage schema (``awa`` unless the installation chose another).
-QUEUE_STORAGE_TABLES = (
-    TableNeed("queue_ring_state", (SELECT, UPDATE), "queue ring cursor (rotation, prune, rollup, promotion)"),
-    TableNeed("queue_ring_slots", (SELECT, UPDATE), "queue ring slot generations"),
-    TableNeed("lease_ring_state", (SELECT, UPDATE), "lease ring cursor"),
-    TableNeed("lease_ring_slots", (SELECT, UPDATE), "lease ring slot generations"),
-    TableNeed("claim_ring_state", (SELECT, UPDATE), "claim ring cursor"),
-    TableNeed("claim_ring_slots", (SELECT, UPDATE), "claim ring slots and their rescue cursors"),
-    TableNeed(
-        "ready_entries",
-        (SELECT, INSERT, UPDATE),
-        "promotion and batch operations file entries (UPDATE for row locks); " + _QUEUE_RING_WHY,
-        _RING_CHILD,
-    ),
-    TableNeed(
-        "ready_segments", (SELECT, INSERT), "promotion and batch operations; " + _QUEUE_RING_WHY, _RING_CHILD
-    ),
-    TableNeed("ready_tombstones", (SELECT, INSERT), "batch operations; " + _QUEUE_RING_WHY, _RING_CHILD),
-    TableNeed("ready_claim_attempt_batches", (SELECT,), _QUEUE_RING_WHY, _RING_CHILD),
-    TableNeed(
-        "done_entries",
-        (SELECT, INSERT),
-        "rescues; prune carries failed rows; " + _QUEUE_RING_WHY,
-        _RING_CHILD,
-    ),
-    TableNeed("receipt_completion_batches", (SELECT,), _QUEUE_RING_WHY, _RING_CHILD),
-    TableNeed("receipt_completion_tombstones", (SELECT,), _QUEUE_RING_WHY, _RING_CHILD),
-    TableNeed(
-        "queue_terminal_count_deltas",
-        (SELECT, INSERT),
-        "rescues and prune add deltas; the rollup folds, deletes and truncates each slot's child",
-        (SELECT, DELETE, TRUNCATE),
-    ),
-    TableNeed("queue_terminal_live_counts", (SELECT, INSERT, UPDATE, DELETE), "terminal_count_rollup; prune"),
-    TableNeed(
-        "queue_terminal_rollups", (SELECT, INSERT, UPDATE), "prune folds pruned slots' terminal counts"
-    ),
-    TableNeed(
-        "deferred_jobs",
-        (SELECT, INSERT, UPDATE, DELETE),
-        "promotion, rescues (retryable rows), batch operations; status",
-    ),
-    TableNeed(
-        "dlq_entries",
-        (SELECT, INSERT, UPDATE, DELETE),
-        "callback rescues dead-letter, cleanup purges; " + _ROW_LOCK_WHY,
-    ),
-    TableNeed(
-        "leases",
-        (SELECT, UPDATE, DELETE),
-        "rescues take leases; lease ring rotation and prune; " + _ROW_LOCK_WHY,
-        _RING_CHILD,
-    ),
-    TableNeed(
-        "lease_claims", (SELECT, UPDATE), "rescues close receipt claims; " + _CLAIM_RING_WHY, _RING_CHILD
-    ),
-    TableNeed(
-        "lease_claim_batches",
-        (SELECT, UPDATE),
-        "rescues; " + _CLAIM_RING_WHY + "; " + _ROW_LOCK_WHY,
-        _RING_CHILD,
-    ),
-    TableNeed(
-        "lease_claim_closures", (SELECT, INSERT), "rescues write closures; " + _CLAIM_RING_WHY, _RING_CHILD
-    ),
-    TableNeed(
-        "lease_claim_closure_batches",
-        (SELECT, INSERT),
-        "rescues write closures; " + _CLAIM_RING_WHY,
-        _RING_CHILD,
-    ),
-    TableNeed("attempt_state", (SELECT, DELETE), "heartbeats read and dropped by rescues"),
-    TableNeed(
-        "queue_lanes",
-        (SELECT, INSERT),
-        "promotion and batch operations create lanes (ON CONFLICT (...) reads)",
-    ),
-    TableNeed(
-        "queue_enqueue_heads", (SELECT, INSERT, UPDATE), "lane creation and position reservation; queue_stats"
-    ),
-    TableNeed(
-        "queue_claim_heads",
-        (SELECT, INSERT, UPDATE),
-        "lane creation; claim cursors read by prune, rollup, queue_stats; row locks",
-    ),
-    TableNeed("terminal_jobs", (SELECT,), "read by awa.jobs_compat() (status)"),
-)
-
-QUEUE_STORAGE_SEQUENCES = (
-    SequenceNeed("job_id_seq", (USAGE,), "ids of jobs insert_job_compat inserts (cron, follow-ups)"),
-    SequenceNeed("lease_claim_closure_batch_id_seq", (USAGE,), "rescues closing compact claims"),
-)
-
-#: Lane sequences (one enqueue and one claim sequence per queue, priority and
-#: shard): read for every claim cursor, moved when positions are reserved.
-LANE_SEQUENCE_PREFIXES = ("queue_enqueue_seq_", "queue_claim_seq_")
-LANE_SEQUENCE_PRIVILEGES = (SELECT, UPDATE)
-
-QUEUE_STORAGE_FUNCTIONS = (
-    FunctionNeed("sequence_next_value", "claim cursors (prune, rollup, queue_stats, batch operations)"),
-    FunctionNeed("reserve_enqueue_seq", "promotion and batch operations reserve lane positions"),
-    FunctionNeed("ensure_lane_sequences", "lane creation"),
-    FunctionNeed("set_sequence_next", "called by the lane-head triggers"),
-    FunctionNeed("queue_lane_sequence_name", "called by the lane functions and triggers"),
-)
-
-
 # --- resolving the needs against the catalog -----------------------------------------------
 
 
@@ -348,72 +153,71 @@ class Grant:
                 yield self.kind, obj.oid, privilege, f"{privilege} on {what}{obj.sql_name}"
 
 
-def planes(info: SchemaInfo) -> tuple[bool, bool]:
-    """(canonical, queue storage): whose grants the database needs now. A
-    staged transition needs both (the canonical plane drains, and once routing
-    flips the queue-storage branches run); finalised queue storage leaves the
-    canonical job tables alone (even awa.jobs reads queue storage then)."""
-    queue_storage = info.engine == QUEUE_STORAGE or info.state != STATE_CANONICAL
-    canonical = not info.runs_queue_storage or info.in_mixed_transition
-    return canonical, queue_storage
-
-
-_NAMESPACE_SQL = "SELECT oid, quote_ident(nspname) AS sql_name FROM pg_namespace WHERE nspname = $1"
-_RELATIONS_SQL = """
+NAMESPACE_SQL = Statement(
+    "SELECT oid, quote_ident(nspname) AS sql_name FROM pg_namespace WHERE nspname = :schema_name"
+)
+RELATIONS_SQL = Statement("""
     SELECT relname AS name, oid, oid::regclass::text AS sql_name
     FROM pg_class
-    WHERE relnamespace = $1 AND relname = ANY($2::text[]) AND relkind IN ('r', 'p', 'v')
-"""
+    WHERE relnamespace = :namespace AND relname = ANY(:names::text[]) AND relkind IN ('r', 'p', 'v')
+""")
 # Ring children in slot order (their names end in the slot number).
-_PARTITIONS_SQL = """
+PARTITIONS_SQL = Statement("""
     SELECT parent.relname AS parent, child.oid, child.oid::regclass::text AS sql_name
     FROM pg_inherits AS inheritance
     JOIN pg_class AS parent ON parent.oid = inheritance.inhparent
     JOIN pg_class AS child ON child.oid = inheritance.inhrelid
-    WHERE parent.relnamespace = $1 AND parent.relname = ANY($2::text[])
+    WHERE parent.relnamespace = :namespace AND parent.relname = ANY(:names::text[])
     ORDER BY parent.relname, length(child.relname), child.relname
-"""
-_SEQUENCES_SQL = """
+""")
+SEQUENCES_SQL = Statement("""
     SELECT relname AS name, oid, oid::regclass::text AS sql_name
     FROM pg_class
-    WHERE relnamespace = $1 AND relkind = 'S'
-      AND (relname = ANY($2::text[])
-           OR EXISTS (SELECT 1 FROM unnest($3::text[]) AS prefix WHERE starts_with(relname::text, prefix)))
+    WHERE relnamespace = :namespace AND relkind = 'S'
+      AND (relname = ANY(:names::text[])
+           OR EXISTS (SELECT 1 FROM unnest(:prefixes::text[]) AS prefix WHERE starts_with(relname::text, prefix)))
     ORDER BY relname
-"""
+""")
 # Which of these tables the source of some function in the schema names.
-_NAMED_BY_FUNCTIONS_SQL = """
+NAMED_BY_FUNCTIONS_SQL = Statement("""
     SELECT name
-    FROM unnest($2::text[]) AS name
-    WHERE EXISTS (SELECT 1 FROM pg_proc WHERE pronamespace = $1 AND prosrc ~ ('\\m' || name || '\\M'))
-"""
-_FUNCTIONS_SQL = """
+    FROM unnest(:names::text[]) AS name
+    WHERE EXISTS (SELECT 1 FROM pg_proc WHERE pronamespace = :namespace AND prosrc ~ ('\\m' || name || '\\M'))
+""")
+FUNCTIONS_SQL = Statement("""
     SELECT proname AS name, oid, oid::regprocedure::text AS sql_name
     FROM pg_proc
-    WHERE pronamespace = $1 AND proname = ANY($2::text[])
+    WHERE pronamespace = :namespace AND proname = ANY(:names::text[])
     ORDER BY proname, oid
-"""
-# Roles that own queue-storage objects: whoever creates lane sequences later
-# (producers, workers) is most likely one of them.
-_OWNERS_SQL = """
+""")
+# Roles that own the storage schema's objects: whoever creates sequences
+# there later (producers, workers) is most likely one of them.
+OWNERS_SQL = Statement("""
     SELECT quote_ident(owner.rolname) AS sql_name, owner.rolsuper AS superuser
     FROM pg_roles AS owner
     WHERE owner.oid IN (
-        SELECT nspowner FROM pg_namespace WHERE oid = $1
+        SELECT nspowner FROM pg_namespace WHERE oid = :namespace
         UNION
-        SELECT relowner FROM pg_class WHERE relnamespace = $1 AND relkind IN ('r', 'p', 'S')
+        SELECT relowner FROM pg_class WHERE relnamespace = :namespace AND relkind IN ('r', 'p', 'S')
     )
-      AND owner.rolname <> $2
+      AND owner.rolname <> :role_name
     ORDER BY owner.rolname
-"""
-_DATABASE_SQL = """
+""")
+DATABASE_SQL = Statement("""
     SELECT oid, quote_ident(datname) AS sql_name FROM pg_database WHERE datname = current_database()
-"""
-_ROLE_SQL = "SELECT oid, quote_ident(rolname) AS sql_name FROM pg_roles WHERE rolname = $1"
+""")
+ROLE_SQL = Statement("SELECT oid, quote_ident(rolname) AS sql_name FROM pg_roles WHERE rolname = :role_name")
+QUOTE_ROLE_SQL = Statement("SELECT quote_ident(:role_name)")
+QUOTE_DATABASE_SQL = Statement("SELECT quote_ident(current_database())")
+CURRENT_USER_SQL = Statement("SELECT current_user")
+CURRENT_ROLE_SQL = Statement(
+    "SELECT current_user AS name, current_setting('is_superuser') = 'on' AS superuser"
+)
 
 
-async def _one_object(db: Database, sql: str, *args: object) -> DatabaseObject | None:
-    row = await db.fetchrow(sql, *args)
+async def _one_object(db: Database, statement: tuple[Any, ...]) -> DatabaseObject | None:
+    """The object a bound catalog statement finds, if any."""
+    row = await db.fetchrow(*statement)
     return None if row is None else DatabaseObject(int(row["oid"]), str(row["sql_name"]))
 
 
@@ -446,14 +250,20 @@ async def _table_grants(db: Database, namespace: int, needs: Sequence[TableNeed]
     by_name = _merge(needs)
     indirect = [need.name for need in by_name.values() if need.via_awa_functions]
     if indirect:
-        named = {row["name"] for row in await db.fetch(_NAMED_BY_FUNCTIONS_SQL, namespace, indirect)}
+        named = {
+            row["name"]
+            for row in await db.fetch(*NAMED_BY_FUNCTIONS_SQL.bind(namespace=namespace, names=indirect))
+        }
         by_name = {
             name: need for name, need in by_name.items() if name in named or not need.via_awa_functions
         }
-    found = {row["name"]: row for row in await db.fetch(_RELATIONS_SQL, namespace, list(by_name))}
+    found = {
+        row["name"]: row
+        for row in await db.fetch(*RELATIONS_SQL.bind(namespace=namespace, names=list(by_name)))
+    }
     children: dict[str, list[DatabaseObject]] = {}
     partitioned = [need.name for need in by_name.values() if need.partition_privileges]
-    for row in await db.fetch(_PARTITIONS_SQL, namespace, partitioned):
+    for row in await db.fetch(*PARTITIONS_SQL.bind(namespace=namespace, names=partitioned)):
         children.setdefault(row["parent"], []).append(DatabaseObject(int(row["oid"]), row["sql_name"]))
     grants = []
     # A table missing from this schema version is needed by no statement here.
@@ -477,11 +287,13 @@ async def _table_grants(db: Database, namespace: int, needs: Sequence[TableNeed]
 
 
 async def _sequence_grants(
-    db: Database, namespace: int, needs: Sequence[SequenceNeed], lanes: bool
+    db: Database, namespace: int, needs: Sequence[SequenceNeed], made_later: StorageSchemaNeeds | None
 ) -> list[Grant]:
+    """``made_later``: the storage schema whose prefixed sequences (made at
+    run time) live in this namespace, if one does."""
     by_name = {need.name: need for need in needs}
-    prefixes = list(LANE_SEQUENCE_PREFIXES) if lanes else []
-    rows = await db.fetch(_SEQUENCES_SQL, namespace, list(by_name), prefixes)
+    prefixes = list(made_later.sequence_prefixes) if made_later is not None else []
+    rows = await db.fetch(*SEQUENCES_SQL.bind(namespace=namespace, names=list(by_name), prefixes=prefixes))
     grants = [
         Grant(
             "sequence",
@@ -495,15 +307,8 @@ async def _sequence_grants(
     lane_sequences = tuple(
         DatabaseObject(int(row["oid"]), row["sql_name"]) for row in rows if row["name"] not in by_name
     )
-    if lane_sequences:
-        grants.append(
-            Grant(
-                "sequence",
-                LANE_SEQUENCE_PRIVILEGES,
-                lane_sequences,
-                "lane sequences: claim cursors are read, reservations move them",
-            )
-        )
+    if lane_sequences and made_later is not None:
+        grants.append(Grant("sequence", made_later.prefix_privileges, lane_sequences, made_later.prefix_why))
     return grants
 
 
@@ -511,28 +316,29 @@ async def _function_grants(db: Database, namespace: int, needs: Sequence[Functio
     why = {need.name: need.why for need in needs}
     return [
         Grant("function", (EXECUTE,), (DatabaseObject(int(row["oid"]), row["sql_name"]),), why[row["name"]])
-        for row in await db.fetch(_FUNCTIONS_SQL, namespace, list(why))
+        for row in await db.fetch(*FUNCTIONS_SQL.bind(namespace=namespace, names=list(why)))
     ]
 
 
 async def _default_privileges(
-    db: Database, namespace: DatabaseObject, role_name: str, role: str
+    db: Database, namespace: DatabaseObject, needs: StorageSchemaNeeds, role_name: str, role: str
 ) -> list[Grant]:
-    """Lane sequences made after these grants: readable by the maintenance
-    role when an owner role makes them, and usable by the owner roles (if not
-    superusers) when the maintenance role makes them (promoting a job of a
-    queue that never had a ready row)."""
+    """Sequences made after these grants (lane sequences, on queue storage):
+    readable by the maintenance role when an owner role makes them, and
+    usable by the owner roles (if not superusers) when the maintenance role
+    makes them (promoting a job of a queue that never had a ready row)."""
     grants = []
-    for owner in await db.fetch(_OWNERS_SQL, namespace.oid, role_name):
+    label = needs.prefix_label
+    for owner in await db.fetch(*OWNERS_SQL.bind(namespace=namespace.oid, role_name=role_name)):
         grants.append(
             Grant(
                 "default",
-                LANE_SEQUENCE_PRIVILEGES,
+                needs.prefix_privileges,
                 (),
-                f"lane sequences {owner['sql_name']} creates from now on",
+                f"{label} {owner['sql_name']} creates from now on",
                 statement=(
                     f"ALTER DEFAULT PRIVILEGES FOR ROLE {owner['sql_name']} IN SCHEMA {namespace.sql_name} "
-                    f"GRANT {', '.join(LANE_SEQUENCE_PRIVILEGES)} ON SEQUENCES TO {role}"
+                    f"GRANT {', '.join(needs.prefix_privileges)} ON SEQUENCES TO {role}"
                 ),
             )
         )
@@ -542,7 +348,7 @@ async def _default_privileges(
                     "default",
                     (SELECT, USAGE, UPDATE),
                     (),
-                    f"lane sequences the maintenance role creates, for {owner['sql_name']}",
+                    f"{label} the maintenance role creates, for {owner['sql_name']}",
                     statement=(
                         f"ALTER DEFAULT PRIVILEGES FOR ROLE {role} IN SCHEMA {namespace.sql_name} "
                         f"GRANT SELECT, USAGE, UPDATE ON SEQUENCES TO {owner['sql_name']}"
@@ -553,78 +359,69 @@ async def _default_privileges(
 
 
 async def required_grants(db: Database, info: SchemaInfo, role_name: str = DEFAULT_ROLE) -> list[Grant]:
-    """Every grant ``role_name`` needs to maintain this database as it is now."""
-    role = str(await db.fetchval("SELECT quote_ident($1)", role_name))
-    canonical, queue_storage = planes(info)
+    """Every grant ``role_name`` needs to maintain this database as it is
+    now: the engine-independent needs, and those of each engine in use."""
+    role = str(await db.fetchval(*QUOTE_ROLE_SQL.bind(role_name=role_name)))
     grants: list[Grant] = []
-    database = await _one_object(db, _DATABASE_SQL)
+    database = await _one_object(db, DATABASE_SQL.bind())
     if database is not None:
         grants.append(Grant("database", (CONNECT,), (database,), "connecting"))
 
-    awa = await _one_object(db, _NAMESPACE_SQL, AWA_SCHEMA)
+    awa = await _one_object(db, NAMESPACE_SQL.bind(schema_name=AWA_SCHEMA))
     if awa is None:
         return grants
-    qs = await _one_object(db, _NAMESPACE_SQL, info.queue_storage_schema) if queue_storage else None
     grants.append(Grant("schema", (USAGE,), (awa,), "awa's own tables and functions"))
-    if qs is not None:
-        schema_privileges = (USAGE, CREATE)
-        why = "CREATE: promotion reserves lane positions through ensure_lane_sequences (CREATE SEQUENCE IF NOT EXISTS)"
-        if qs.oid == awa.oid:
-            grants[-1] = Grant("schema", schema_privileges, (awa,), why)
-        else:
-            grants.append(Grant("schema", schema_privileges, (qs,), why))
-
+    awa_schema_grant = len(grants) - 1
     awa_tables = list(AWA_TABLES)
     awa_functions = list(AWA_FUNCTIONS)
     awa_sequences: list[SequenceNeed] = []
-    if canonical:
-        awa_tables += CANONICAL_TABLES
-        awa_functions += CANONICAL_FUNCTIONS
-        awa_sequences += CANONICAL_SEQUENCES
-    qs_tables: list[TableNeed] = []
-    qs_functions: list[FunctionNeed] = []
-    qs_sequences: list[SequenceNeed] = []
-    if qs is not None:
-        awa_tables += QUEUE_STORAGE_AWA_TABLES
-        awa_functions += QUEUE_STORAGE_AWA_FUNCTIONS
-        qs_tables, qs_functions, qs_sequences = (
-            list(QUEUE_STORAGE_TABLES),
-            list(QUEUE_STORAGE_FUNCTIONS),
-            list(QUEUE_STORAGE_SEQUENCES),
-        )
-        if qs.oid == awa.oid:
-            awa_tables += qs_tables
-            awa_functions += qs_functions
-            awa_sequences += qs_sequences
-            qs_tables, qs_functions, qs_sequences = [], [], []
+    # The engines' own schemas present in the database: (namespace, needs).
+    storage_schemas: list[tuple[DatabaseObject, StorageSchemaNeeds]] = []
+    for engine in engines_in_use(info):
+        needs = engine.grants
+        storage = needs.storage_schema
+        if storage is not None:
+            namespace = await _one_object(db, NAMESPACE_SQL.bind(schema_name=info.queue_storage_schema))
+            if namespace is None:  # not installed (yet): nothing of this engine to grant
+                continue
+            schema_grant = Grant("schema", storage.schema_privileges, (namespace,), storage.schema_why)
+            if namespace.oid == awa.oid:
+                grants[awa_schema_grant] = schema_grant
+            else:
+                grants.append(schema_grant)
+            storage_schemas.append((namespace, storage))
+        awa_tables += needs.awa_tables
+        awa_functions += needs.awa_functions
+        awa_sequences += needs.awa_sequences
+    in_awa = [storage for namespace, storage in storage_schemas if namespace.oid == awa.oid]
+    for storage in in_awa:
+        awa_tables += storage.tables
+        awa_functions += storage.functions
+        awa_sequences += storage.sequences
 
     grants += await _table_grants(db, awa.oid, awa_tables)
-    grants += await _sequence_grants(db, awa.oid, awa_sequences, lanes=qs is not None and qs.oid == awa.oid)
+    grants += await _sequence_grants(db, awa.oid, awa_sequences, in_awa[0] if in_awa else None)
     grants += await _function_grants(db, awa.oid, awa_functions)
-    if qs is not None and qs.oid != awa.oid:
-        grants += await _table_grants(db, qs.oid, qs_tables)
-        grants += await _sequence_grants(db, qs.oid, qs_sequences, lanes=True)
-        grants += await _function_grants(db, qs.oid, qs_functions)
-    if qs is not None:
-        stats = await _one_object(db, _ROLE_SQL, READ_ALL_STATS)
-        if stats is not None:
-            grants.append(
-                Grant(
-                    "role",
-                    (),
-                    (stats,),
-                    "terminal_count_rollup must see other roles' snapshots before it truncates",
-                )
-            )
-        grants += await _default_privileges(db, qs, role_name, role)
+    for namespace, storage in storage_schemas:
+        if namespace.oid != awa.oid:
+            grants += await _table_grants(db, namespace.oid, storage.tables)
+            grants += await _sequence_grants(db, namespace.oid, storage.sequences, storage)
+            grants += await _function_grants(db, namespace.oid, storage.functions)
+    for namespace, storage in storage_schemas:
+        for member_of, why in storage.member_of:
+            membership = await _one_object(db, ROLE_SQL.bind(role_name=member_of))
+            if membership is not None:
+                grants.append(Grant("role", (), (membership,), why))
+        grants += await _default_privileges(db, namespace, storage, role_name, role)
     return grants
 
 
 def grants_script(grants: Sequence[Grant], role: str, info: SchemaInfo, database: str) -> str:
     """The statements, one per line, under a short header."""
     engine = f"{info.engine} ({info.state})"
-    if planes(info)[1]:
-        engine += f", queue-storage schema {info.queue_storage_schema}"
+    for storage in (e.grants.storage_schema for e in engines_in_use(info)):
+        if storage is not None:
+            engine += f", {storage.schema_label} {info.queue_storage_schema}"
     header = [
         f"-- awa_trio maintenance role {role} on database {database}: {engine}, schema version {info.version}.",
         "-- Made from this database's catalog: make it again after a migration, a storage transition",
@@ -640,8 +437,8 @@ def grants_script(grants: Sequence[Grant], role: str, info: SchemaInfo, database
 async def build_grants_script(db: Database, role_name: str = DEFAULT_ROLE) -> str:
     info = await check_schema(db)
     grants = await required_grants(db, info, role_name)
-    role = str(await db.fetchval("SELECT quote_ident($1)", role_name))
-    database = str(await db.fetchval("SELECT quote_ident(current_database())"))
+    role = str(await db.fetchval(*QUOTE_ROLE_SQL.bind(role_name=role_name)))
+    database = str(await db.fetchval(*QUOTE_DATABASE_SQL.bind()))
     return grants_script(grants, role, info, database)
 
 
@@ -655,9 +452,9 @@ async def print_grants(database_url: str, role_name: str = DEFAULT_ROLE) -> int:
 
 # --- the term-start check ----------------------------------------------------------------
 
-_MISSING_SQL = """
+MISSING_SQL = Statement("""
     SELECT need.label
-    FROM unnest($1::text[], $2::oid[], $3::text[], $4::text[]) WITH ORDINALITY
+    FROM unnest(:kinds::text[], :objects::oid[], :privileges::text[], :labels::text[]) WITH ORDINALITY
         AS need(kind, object, privilege, label, position)
     WHERE NOT COALESCE(
         CASE need.kind
@@ -670,7 +467,7 @@ _MISSING_SQL = """
         END,
         true)
     ORDER BY need.position
-"""
+""")
 
 
 async def missing_privileges(db: Database, info: SchemaInfo | None = None) -> list[str]:
@@ -678,9 +475,7 @@ async def missing_privileges(db: Database, info: SchemaInfo | None = None) -> li
     strings (``"TRUNCATE on awa.ready_entries_3"``); empty when nothing is
     missing (always, for a superuser). ``info``: the schema as the caller
     read it (read here otherwise)."""
-    role = await db.fetchrow(
-        "SELECT current_user AS name, current_setting('is_superuser') = 'on' AS superuser"
-    )
+    role = await db.fetchrow(*CURRENT_ROLE_SQL.bind())
     if role is None or role["superuser"]:
         return []
     info = info or await check_schema(db)
@@ -689,7 +484,7 @@ async def missing_privileges(db: Database, info: SchemaInfo | None = None) -> li
     if not checks:
         return []
     kinds, oids, privileges, labels = (list(column) for column in zip(*checks, strict=True))
-    rows = await db.fetch(_MISSING_SQL, kinds, oids, privileges, labels)
+    rows = await db.fetch(*MISSING_SQL.bind(kinds=kinds, objects=oids, privileges=privileges, labels=labels))
     return [str(row["label"]) for row in rows]
 
 
@@ -712,7 +507,7 @@ async def warn_about_missing_privileges(db: Database, info: SchemaInfo | None = 
     try:
         missing = await missing_privileges(db, info)
         if missing:
-            role_name = str(await db.fetchval("SELECT current_user"))
+            role_name = str(await db.fetchval(*CURRENT_USER_SQL.bind()))
             log.error("%s", missing_privileges_message(role_name, missing))
     except (DatabaseError, UnsupportedSchema) as exc:
         log.debug("privilege check failed: %s", exc)

@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
+from .engines.states import job_label
 from .jobs import CANONICAL, ENGINES, JobRow
 
 if TYPE_CHECKING:
@@ -201,8 +202,7 @@ def _attempt_key(engine: str, job_id: int, run_lease: int) -> AttemptKey:
 
 def _describe_attempt(key: AttemptKey) -> str:
     engine, job_id, run_lease = key
-    job = str(job_id) if engine == CANONICAL else f"{engine}:{job_id}"
-    return f"job {job} (run_lease {run_lease})"
+    return f"job {job_label(engine, job_id)} (run_lease {run_lease})"
 
 
 class InFlightRegistry:

@@ -19,11 +19,15 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-#: ``JobRow.engine`` of a row of ``awa.jobs_hot`` / ``awa.scheduled_jobs``.
-CANONICAL = "canonical"
-#: ``JobRow.engine`` of a row of the queue-storage tables (ready, lease, done, DLQ, ...).
-QUEUE_STORAGE = "queue_storage"
-ENGINES = (CANONICAL, QUEUE_STORAGE)
+from .engines.states import CANONICAL as CANONICAL
+from .engines.states import QUEUE_STORAGE as QUEUE_STORAGE
+from .engines.states import SUPPORTED_ENGINES, job_label
+
+ENGINES = SUPPORTED_ENGINES
+
+# ``JobRow.engine`` names the engine holding the row, as ``awa.storage_status()``
+# does (:data:`CANONICAL` for ``awa.jobs_hot`` / ``awa.scheduled_jobs``,
+# :data:`QUEUE_STORAGE` for the queue-storage tables).
 
 #: Columns of ``awa.jobs`` (and of ``awa.jobs_hot`` / ``awa.scheduled_jobs``), in table order.
 JOB_COLUMNS = (
@@ -99,7 +103,7 @@ class JobRow:
     @property
     def label(self) -> str:
         """For log lines: ``1234`` on canonical, ``queue_storage:1234`` otherwise."""
-        return str(self.id) if self.engine == CANONICAL else f"{self.engine}:{self.id}"
+        return job_label(self.engine, self.id)
 
     @property
     def last_error(self) -> str | None:

@@ -44,6 +44,7 @@ from typing import Any
 import trio
 
 from .db import Connection, Database, DatabaseError, QueryError, describe_error
+from .engines.states import STATE_CANONICAL, STATE_MIXED_TRANSITION
 from .leadership import LeadershipState
 from .sql import Statement
 from .version import __version__
@@ -145,9 +146,9 @@ DELETE_SQL = Statement("DELETE FROM awa.runtime_instances WHERE instance_id = :i
 async def may_register(conn: Connection, supported_versions: tuple[int, ...]) -> bool:
     """True while a live row of ours changes no gate that reads the table."""
     row = await conn.fetchrow(*STORAGE_GATE_SQL.bind(versions=list(supported_versions)))
-    if row is None or not row["supported"] or row["state"] == "mixed_transition":
+    if row is None or not row["supported"] or row["state"] == STATE_MIXED_TRANSITION:
         return False
-    if row["state"] == "canonical" and row["nothing_prepared"]:
+    if row["state"] == STATE_CANONICAL and row["nothing_prepared"]:
         return bool(await conn.fetchval(*CANONICAL_JOBS_EXIST_SQL.bind()))
     return True
 

@@ -12,21 +12,24 @@ from typing import Any
 import trio
 
 from .db import Database, QueryError, open_database
+from .engines import states
+from .engines.states import INITIAL_ENGINE as INITIAL_ENGINE
+from .engines.states import STATE_ACTIVE as STATE_ACTIVE
+from .engines.states import STATE_CANONICAL as STATE_CANONICAL
+from .engines.states import STATE_MIXED_TRANSITION as STATE_MIXED_TRANSITION
+from .engines.states import STATE_PREPARED as STATE_PREPARED
+from .engines.states import SUPPORTED_ENGINES as SUPPORTED_ENGINES
+from .engines.states import accepts_transition as accepts_transition
 from .errors import AwaTrioError, UnsupportedSchema
 
 log = logging.getLogger(__name__)
 
 #: Awa 0.6.0-0.6.1 = 39, Awa 0.6.2-0.6.9 = 40 (v40 only changes storage-transition finalisation).
 SUPPORTED_SCHEMA_VERSIONS = (39, 40)
-CANONICAL = "canonical"
-QUEUE_STORAGE = "queue_storage"
-#: Engines with a full set of branches in this release.
-SUPPORTED_ENGINES = (CANONICAL, QUEUE_STORAGE)
-#: Transition states (awa.storage_transition_state.state).
-STATE_CANONICAL = "canonical"
-STATE_PREPARED = "prepared"
-STATE_MIXED_TRANSITION = "mixed_transition"
-STATE_ACTIVE = "active"
+#: Engine names and transition states live with the state-to-engine map
+#: (:mod:`awa_trio.engines.states`); kept importable from here for callers.
+CANONICAL = states.CANONICAL
+QUEUE_STORAGE = states.QUEUE_STORAGE
 AWA_PG_REQUIREMENT = "awa-pg==0.6.1"
 DEFAULT_QUEUE_STORAGE_SCHEMA = "awa"
 
@@ -60,23 +63,21 @@ class SchemaInfo:
     #: Schema holding the queue-storage tables (from storage_status details).
     queue_storage_schema: str = DEFAULT_QUEUE_STORAGE_SCHEMA
 
+    # What these mean per engine is decided by the state-to-engine map.
     @property
     def runs_queue_storage(self) -> bool:
-        """Queue-storage branches run, as upstream's auto runtime does, once
-        routing has flipped (mixed_transition) or finished (active)."""
-        return self.engine == QUEUE_STORAGE and self.state in (STATE_MIXED_TRANSITION, STATE_ACTIVE)
+        """Queue-storage branches run (routing has flipped or finished)."""
+        return states.runs_queue_storage(self)
 
     @property
     def in_mixed_transition(self) -> bool:
         """Canonical rows may still be draining beside queue storage."""
-        return self.runs_queue_storage and self.state == STATE_MIXED_TRANSITION
+        return states.in_mixed_transition(self)
 
     @property
     def branch_set(self) -> tuple[str, str]:
         """What decides the branch set: a change of it ends the leader term."""
-        if not self.runs_queue_storage:
-            return (CANONICAL, "")
-        return (QUEUE_STORAGE, self.state)
+        return states.branch_set(self)
 
 
 def unsupported_version_message(version: int | None) -> str:
@@ -129,14 +130,14 @@ async def _read_schema_step_by_step(db: Database) -> SchemaInfo | None:
         return None
     row = await db.fetchrow(_STORAGE_STATUS_SQL)
     if row is None:  # no transition row: a canonical install
-        return SchemaInfo(version=int(version), engine=CANONICAL)
+        return SchemaInfo(version=int(version), engine=INITIAL_ENGINE)
     return _schema_info(version, row["active_engine"], row["state"], row["details"])
 
 
 def _schema_info(version: int, engine: str | None, state: str | None, details: str | None) -> SchemaInfo:
     return SchemaInfo(
         version=int(version),
-        engine=str(engine or CANONICAL),
+        engine=str(engine or INITIAL_ENGINE),
         state=str(state or STATE_CANONICAL),
         queue_storage_schema=_queue_storage_schema(details),
     )
@@ -190,7 +191,7 @@ async def migrate(database_url: str, engine: str | None = None) -> SchemaInfo:
         await db.fetchval("SELECT 1")
         await trio.to_thread.run_sync(awa.Client(database_url).migrate)
         info = await check_schema(db)
-        if engine != QUEUE_STORAGE or info.runs_queue_storage:
+        if not states.switched_at_install(engine, info):
             return info
         if info.state != STATE_CANONICAL or await db.fetchval(_HAS_JOBS_SQL):
             raise AwaTrioError(

@@ -42,6 +42,7 @@ from .cron import (
 )
 from .cron.declared import DeclarationSource
 from .db import Database, DatabaseError, open_database, sole_exception
+from .engines import INITIAL_ENGINE
 from .errors import AwaTrioError, ConfigError, UnsupportedSchema
 from .hooks import Hooks
 from .leadership import LeaderElector, LeadershipState
@@ -51,7 +52,6 @@ from .metrics import MaintenanceMetrics
 from .registry import default_branches, every_branch_name
 from .runtime_instance import RuntimeRegistration
 from .schema import (
-    CANONICAL,
     SUPPORTED_SCHEMA_VERSIONS,
     SchemaInfo,
     check_schema,
@@ -317,12 +317,12 @@ class MaintenanceService:
         """Every branch name on any engine and transition state (what pause
         and disabled_branches accept): the registry lists them; a custom
         branch_factory stands for the registry, with the names it runs on the
-        schema seen (the newest supported canonical one before connecting)."""
+        schema seen (the newest supported one, on the initial engine, before connecting)."""
         config = config or self.config
         if self._branch_factory is default_branches:
             names = set(every_branch_name(config))
         else:
-            schema = self.schema or SchemaInfo(SUPPORTED_SCHEMA_VERSIONS[-1], CANONICAL)
+            schema = self.schema or SchemaInfo(SUPPORTED_SCHEMA_VERSIONS[-1], INITIAL_ENGINE)
             names = {spec.name for spec in self._branch_factory(config, schema)}
         return frozenset(names | {spec.name for spec in self._extra_branches})
 

@@ -18,15 +18,17 @@ from typing import Any
 from .config import MaintenanceConfig
 from .cron.fire_times import CronSchedule
 from .db import Database, QueryError, describe_error, open_database
+from .engines import engine_for
 from .leadership import LOCK_KEY
 from .schema import check_schema
+from .sql import Statement
 
 #: The exit status when no session holds the maintenance lock (1 is "could
 #: not read the database", 2 a usage error).
 EXIT_NO_LEADER = 3
 
 #: Sessions holding (or, being awa_trio, polling for) the maintenance lock.
-LOCK_SESSIONS_SQL = """
+LOCK_SESSIONS_SQL = Statement("""
     SELECT a.pid,
            a.application_name,
            host(a.client_addr) AS client_addr,
@@ -38,18 +40,18 @@ LOCK_SESSIONS_SQL = """
      AND l.locktype = 'advisory'
      AND l.granted
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-     AND (l.classid::bigint << 32 | l.objid::bigint) = $1
+     AND (l.classid::bigint << 32 | l.objid::bigint) = :lock_key
      AND l.objsubid = 1
     WHERE a.datname = current_database()
       AND (l.pid IS NOT NULL OR a.application_name LIKE 'awa_trio % lock')
     ORDER BY holds_lock DESC, a.backend_start
-"""
+""")
 
 #: The live registered instances: awa-pg / Rust runtimes and awa_trio nodes
 #: (``awa_trio``: its version carries the ``+awa-trio.`` build tag), each
 #: refreshed every snapshot interval; live for three intervals, at least 30 s
 #: (what Awa's admin views call not stale).
-RUNTIMES_SQL = """
+RUNTIMES_SQL = Statement("""
     SELECT instance_id, hostname, pid, version, leader, maintenance_alive, storage_capability,
            transition_role, shutting_down, last_seen_at,
            version LIKE '%+awa-trio.%' AS awa_trio
@@ -57,61 +59,30 @@ RUNTIMES_SQL = """
     WHERE last_seen_at + make_interval(secs => greatest(greatest(snapshot_interval_ms, 1000) * 3, 30000) / 1000.0)
           >= now()
     ORDER BY leader DESC, awa_trio DESC, hostname, pid
-"""
+""")
 
-CANONICAL_DUE_SQL = """
-    SELECT state::text AS state, count(*) AS jobs,
-           extract(epoch FROM now() - min(run_at))::float8 AS oldest_seconds
-    FROM awa.scheduled_jobs
-    WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
-    GROUP BY state ORDER BY state
-"""
-
-QUEUE_STORAGE_DUE_SQL = """
-    SELECT state::text AS state, count(*) AS jobs,
-           extract(epoch FROM now() - min(run_at))::float8 AS oldest_seconds
-    FROM {schema}.deferred_jobs
-    WHERE run_at <= now()
-    GROUP BY state ORDER BY state
-"""
-
-#: Rescue backlog. Canonical: the hot table; queue storage: the awa.jobs view
-#: (a union over the queue-storage tables, fine for a command a person runs).
-RESCUE_BACKLOG_SQL = """
-    SELECT
-        count(*) FILTER (WHERE state = 'running' AND heartbeat_at < now() - make_interval(secs => $1))
-            AS stale_heartbeats,
-        count(*) FILTER (WHERE state = 'running' AND deadline_at < now()) AS past_deadline,
-        count(*) FILTER (WHERE state = 'waiting_external' AND callback_timeout_at < now())
-            AS callbacks_timed_out
-    FROM {table}
-    WHERE state IN ('running', 'waiting_external')
-"""
-
-CRON_SQL = """
+CRON_SQL = Statement("""
     SELECT name, cron_expr, timezone, kind, queue, last_enqueued_at, paused_at
     FROM awa.cron_jobs ORDER BY name
-"""
+""")
 
 
 async def collect_status(db: Database, config: MaintenanceConfig | None = None) -> dict[str, Any]:
     config = config or MaintenanceConfig()
     schema = await check_schema(db)
-    sessions = [dict(row) for row in await db.fetch(LOCK_SESSIONS_SQL, LOCK_KEY)]
+    sessions = [dict(row) for row in await db.fetch(*LOCK_SESSIONS_SQL.bind(lock_key=LOCK_KEY))]
     holder = next((s for s in sessions if s["holds_lock"]), None)
-    runtimes = [dict(row) for row in await db.fetch(RUNTIMES_SQL)]
-    if schema.runs_queue_storage:
-        due_sql = QUEUE_STORAGE_DUE_SQL.format(schema=schema.queue_storage_schema)
-        rescue_table = "awa.jobs"
-    else:
-        due_sql, rescue_table = CANONICAL_DUE_SQL, "awa.jobs_hot"
+    runtimes = [dict(row) for row in await db.fetch(*RUNTIMES_SQL.bind())]
+    backlog = engine_for(schema).backlog
     due = {
         row["state"]: {"jobs": row["jobs"], "oldest_seconds": row["oldest_seconds"]}
-        for row in await db.fetch(due_sql)
+        for row in await db.fetch(*backlog.due_counts_query(schema.queue_storage_schema))
     }
     try:
         rescue: dict[str, Any] = dict(
-            await db.fetchone(RESCUE_BACKLOG_SQL.format(table=rescue_table), config.heartbeat_staleness)
+            await db.fetchone(
+                *backlog.rescue_backlog_query(schema.queue_storage_schema, config.heartbeat_staleness)
+            )
         )
     except QueryError as exc:
         # On queue storage awa.jobs decodes every row's payload, and one
@@ -131,7 +102,7 @@ async def collect_status(db: Database, config: MaintenanceConfig | None = None) 
         "transition_state": schema.state,
         "due_not_promoted": due,
         "rescue_backlog": rescue,
-        "cron": [_cron(dict(row), now) for row in await db.fetch(CRON_SQL)],
+        "cron": [_cron(dict(row), now) for row in await db.fetch(*CRON_SQL.bind())],
     }
 
 

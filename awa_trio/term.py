@@ -2,8 +2,9 @@
 actor per branch.
 
 The branch set follows the database: each term reads ``awa.storage_status()``
-and runs the canonical set, the queue-storage set, or the queue-storage set
-with the canonical drain (during a staged transition). When the watch sees
+and runs the set :mod:`awa_trio.engines` picks for that state (the leading
+engine's set, or during a staged transition its variant with the previous
+engine's drain folded in). When the watch sees
 the storage move on (an awa-pg runtime finalising a fresh database to queue
 storage, a transition entering mixed mode or finishing), that term ends and
 the next one, still under the same lock, runs the right set with fresh
@@ -28,6 +29,7 @@ import trio
 from .branch import BranchSlot, BranchSpec, supervise_branch
 from .context import MaintenanceContext
 from .db import DatabaseError, LockTimeout
+from .engines import engine_for
 from .errors import UnsupportedSchema
 from .grants import warn_about_missing_privileges
 from .live import LiveSettings
@@ -196,7 +198,7 @@ async def check_schema_unchanged(ctx: MaintenanceContext, last_seen: SchemaInfo 
     moved from), UnsupportedSchema if nothing would."""
     info = await read_supported_schema(ctx)
     if info.branch_set != ctx.schema.branch_set or (
-        info.queue_storage_schema != ctx.schema.queue_storage_schema and info.runs_queue_storage
+        info.queue_storage_schema != ctx.schema.queue_storage_schema and engine_for(info).uses_storage_schema
     ):
         raise StorageMoved(last_seen or ctx.schema, info)
     return info

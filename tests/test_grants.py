@@ -36,6 +36,7 @@ from awa_trio import MaintenanceConfig, MaintenanceService
 from awa_trio.cli import resolve
 from awa_trio.cron import PeriodicJob
 from awa_trio.db import open_database
+from awa_trio.engines import planes
 from awa_trio.engines.canonical import cleanup
 from awa_trio.engines.queue_storage import rotate_lease, rotate_queue, terminal_count_rollup
 from awa_trio.errors import ConfigError
@@ -44,7 +45,6 @@ from awa_trio.grants import (
     build_grants_script,
     missing_privileges,
     missing_privileges_message,
-    planes,
     warn_about_missing_privileges,
 )
 from awa_trio.metrics import STORAGE_STATE

@@ -54,7 +54,13 @@ from typing import Any
 
 from ..context import MaintenanceContext
 from ..metrics import STORAGE_CAPABILITIES, InfoSnapshot
-from ..schema import CANONICAL, QUEUE_STORAGE, STATE_CANONICAL, STATE_MIXED_TRANSITION, STATE_PREPARED
+from ..schema import (
+    INITIAL_ENGINE,
+    STATE_CANONICAL,
+    STATE_MIXED_TRANSITION,
+    STATE_PREPARED,
+    accepts_transition,
+)
 from ..sql import Statement
 
 #: Runtime capabilities whose live snapshots keep awa.storage_finalize()
@@ -216,7 +222,7 @@ def storage_snapshot(row: Mapping[str, Any], schema_version: int) -> InfoSnapsho
     backlog = row["canonical_live_backlog"]
     enter_mixed_ready = (
         state == STATE_PREPARED
-        and prepared_engine == QUEUE_STORAGE
+        and accepts_transition(prepared_engine)
         and bool(row["prepared_schema_ready"])
         and live["canonical"] == 0
         and int(row["live_queue_storage_targets"]) > 0
@@ -224,15 +230,15 @@ def storage_snapshot(row: Mapping[str, Any], schema_version: int) -> InfoSnapsho
     blockers = FINALIZE_BLOCKERS.get(schema_version, FINALIZE_BLOCKERS[min(FINALIZE_BLOCKERS)])
     finalize_ready = (
         state == STATE_MIXED_TRANSITION
-        and prepared_engine == QUEUE_STORAGE
+        and accepts_transition(prepared_engine)
         and backlog is not None
         and int(backlog) == 0
         and sum(live.get(capability, 0) for capability in blockers) == 0
     )
     return InfoSnapshot(
         state=state,
-        current_engine=row["current_engine"] or CANONICAL,
-        active_engine=row["active_engine"] or CANONICAL,
+        current_engine=row["current_engine"] or INITIAL_ENGINE,
+        active_engine=row["active_engine"] or INITIAL_ENGINE,
         prepared_engine=prepared_engine,
         canonical_live_backlog=int(backlog) if backlog is not None else 0,
         canonical_backlog_read=backlog is not None,

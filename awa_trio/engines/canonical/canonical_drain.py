@@ -68,12 +68,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ...branch import BranchSpec
+from ...config import MaintenanceConfig
 from ...context import MaintenanceContext
 from ...maintenance.queue_info import FINALIZE_BLOCKERS
 from ...maintenance.rescue import CANCEL_NOTICES, RescueResult
 from ...sql import Statement
+from ..base import DrainPasses
 from . import cleanup as canonical_cleanup
-from . import rescue_deadlines, rescue_heartbeats
+from . import promote, rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from .rescue import (
     BATCH_SELECTION,
     HOT_COLUMNS_SQL,
@@ -398,3 +401,24 @@ def _log_status(status: DrainStatus) -> None:
             "awa.storage_finalize() can pass",
             NAME,
         )
+
+
+def report_branch(config: MaintenanceConfig) -> BranchSpec:
+    """The ``canonical_drain`` branch for one term. Read-only, so it shares
+    the queue-stats cadence (a report, like them)."""
+    return BranchSpec(NAME, config.queue_stats_interval, make_report(), run_immediately=True)
+
+
+def drain_passes() -> DrainPasses:
+    """What the canonical plane still needs while it drains: promotion and
+    the three rescues (otherwise rows are stranded; the heartbeat and
+    deadline rescues fail exhausted attempts here), the deletion of finished
+    canonical rows, and the report."""
+    return DrainPasses(
+        promote=drain_pass(promote.NAME, promote.run_once),
+        rescue_heartbeats=drain_pass(rescue_heartbeats.NAME, rescue_stale_heartbeats),
+        rescue_deadlines=drain_pass(rescue_deadlines.NAME, rescue_expired_deadlines),
+        rescue_callbacks=drain_pass(rescue_callbacks.NAME, rescue_callbacks.run_once),
+        cleanup=delete_finished_canonical_jobs,
+        report=report_branch,
+    )

@@ -1,11 +1,14 @@
-"""The queue-storage engine's branch set (upstream's queue-storage set).
+"""The queue-storage engine's branch sets (upstream's queue-storage set, and
+the same set during a staged transition with the previous engine's drain
+folded in).
 
-:mod:`awa_trio.registry` picks the set per storage state, and imports this
-module only when a term runs queue storage.
+Imported by :mod:`awa_trio.engines.queue_storage.engine` only when a term
+runs queue storage.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,7 +17,9 @@ from ...branch import BranchSpec
 from ...config import MaintenanceConfig
 from ...context import MaintenanceContext
 from ...cron import cron_branches
+from ...maintenance.planes import both_planes
 from ...maintenance.promotion import next_due_at
+from ..base import DrainPasses
 from . import batch_operations as qs_batch_operations
 from . import cleanup as qs_cleanup
 from . import promote as qs_promote
@@ -63,3 +68,30 @@ def queue_storage_branches(config: MaintenanceConfig) -> list[BranchSpec]:
         BranchSpec(rotate_claim.NAME, config.effective_claim_rotate_interval, rotate_claim.run_once),
         *cron_branches(config),
     ]
+
+
+#: Which drain pass each queue-storage branch serves beside its own body
+#: while the previous engine's rows drain (the other branches run as they are).
+DRAIN_FOLDED_INTO: dict[str, Callable[[DrainPasses], RunOnce]] = {
+    qs_promote.NAME: lambda drain: drain.promote,
+    qs_rescue_heartbeats.NAME: lambda drain: drain.rescue_heartbeats,
+    qs_rescue_deadlines.NAME: lambda drain: drain.rescue_deadlines,
+    qs_rescue_callbacks.NAME: lambda drain: drain.rescue_callbacks,
+    qs_cleanup.NAME: lambda drain: drain.cleanup,
+}
+
+
+def mixed_transition_branches(config: MaintenanceConfig, drain: DrainPasses) -> list[BranchSpec]:
+    """Queue storage is live but the previous engine's rows still drain: the
+    queue-storage set, with ``drain`` folded into promotion, the rescues and
+    cleanup, plus the drain's report."""
+    branches = []
+    for spec in queue_storage_branches(config):
+        drain_pass = DRAIN_FOLDED_INTO.get(spec.name)
+        if drain_pass is not None:
+            spec = dataclasses.replace(
+                spec, run_once=both_planes(spec.name, spec.run_once, drain_pass(drain))
+            )
+        branches.append(spec)
+    branches.append(drain.report(config))
+    return branches
