@@ -1,4 +1,4 @@
--- Every SQL statement of awa_trio (153 awa_trio.sql.Statement objects), rendered for the
+-- Every SQL statement of awa_trio (180 awa_trio.sql.Statement objects), rendered for the
 -- queue-storage schema awa: `python -m awa_trio sql --schema awa`.
 -- Parameters are shown as PostgreSQL receives them ($1, $2, ...), each header naming
 -- them in that order. Statements whose slots name the partitions of one ring slot are
@@ -78,6 +78,49 @@ WHERE l.locktype = 'relation' AND l.granted AND l.mode = 'AccessExclusiveLock'
   AND l.pid <> pg_backend_pid()
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 ORDER BY 1, 2;
+
+-- awa_trio.doctor.DDL_LOCKS_SQL
+-- parameters: $1 :schemas, $2 :held_for
+SELECT l.pid, a.application_name, a.state, l.mode,
+       format('%I.%I', n.nspname, c.relname) AS relation,
+       extract(epoch FROM now() - a.xact_start)::float8 AS age
+FROM pg_locks l
+JOIN pg_stat_activity a ON a.pid = l.pid
+JOIN pg_class c ON c.oid = l.relation
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+  AND n.nspname = ANY($1::text[])
+  AND a.xact_start < now() - make_interval(secs => $2)
+ORDER BY a.xact_start, relation;
+
+-- awa_trio.doctor.NOTIFY_SQL
+-- parameters: $1 :channel
+SELECT pg_notify($1, '');
+
+-- awa_trio.doctor.OLDEST_SNAPSHOT_SQL
+SELECT pid, application_name, state, backend_xmin::text AS xmin,
+       extract(epoch FROM now() - coalesce(xact_start, query_start))::float8 AS age
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND backend_xmin IS NOT NULL
+ORDER BY coalesce(xact_start, query_start) NULLS LAST
+LIMIT 1;
+
+-- awa_trio.doctor.SERVER_CLOCK_SQL
+SELECT extract(epoch FROM clock_timestamp())::float8;
+
+-- awa_trio.doctor.SERVER_SQL
+SELECT pg_is_in_recovery() AS in_recovery, current_setting('transaction_read_only') = 'on' AS read_only;
+
+-- awa_trio.doctor.WORKER_RUNTIMES_SQL
+SELECT hostname, pid, version
+FROM awa.runtime_instances
+WHERE last_seen_at > now() - make_interval(secs => greatest(snapshot_interval_ms, 1000) * 3 / 1000.0)
+  AND NOT shutting_down
+  AND jsonb_typeof(queues) = 'array' AND jsonb_array_length(queues) > 0
+ORDER BY hostname, pid;
 
 -- awa_trio.engines.canonical.admin_metadata.RECOMPUTE_DIRTY_ADMIN_METADATA_SQL
 -- parameters: $1 :batch_size
@@ -621,6 +664,24 @@ SELECT
     (SELECT count(*) FROM picked) AS picked,
     (SELECT count(*) FROM deleted) AS deleted,
     (SELECT max(ctid) FROM picked) AS last_picked;
+
+-- awa_trio.engines.canonical.engine.DUE_COUNTS_SQL
+SELECT state::text AS state, count(*) AS jobs,
+       extract(epoch FROM now() - min(run_at))::float8 AS oldest_seconds
+FROM awa.scheduled_jobs
+WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
+GROUP BY state ORDER BY state;
+
+-- awa_trio.engines.canonical.engine.RESCUE_BACKLOG_SQL
+-- parameters: $1 :staleness
+SELECT
+    count(*) FILTER (WHERE state = 'running' AND heartbeat_at < now() - make_interval(secs => $1))
+        AS stale_heartbeats,
+    count(*) FILTER (WHERE state = 'running' AND deadline_at < now()) AS past_deadline,
+    count(*) FILTER (WHERE state = 'waiting_external' AND callback_timeout_at < now())
+        AS callbacks_timed_out
+FROM awa.jobs_hot
+WHERE state IN ('running', 'waiting_external');
 
 -- awa_trio.engines.canonical.priority_aging.AGE_WAITING_PRIORITIES_SQL
 -- parameters: $1 :priority, $2 :age, $3 :limit
@@ -1478,6 +1539,24 @@ WHERE job_id IN (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 );
+
+-- awa_trio.engines.queue_storage.engine.DUE_COUNTS_SQL
+SELECT state::text AS state, count(*) AS jobs,
+       extract(epoch FROM now() - min(run_at))::float8 AS oldest_seconds
+FROM awa.deferred_jobs
+WHERE run_at <= now()
+GROUP BY state ORDER BY state;
+
+-- awa_trio.engines.queue_storage.engine.RESCUE_BACKLOG_SQL
+-- parameters: $1 :staleness
+SELECT
+    count(*) FILTER (WHERE state = 'running' AND heartbeat_at < now() - make_interval(secs => $1))
+        AS stale_heartbeats,
+    count(*) FILTER (WHERE state = 'running' AND deadline_at < now()) AS past_deadline,
+    count(*) FILTER (WHERE state = 'waiting_external' AND callback_timeout_at < now())
+        AS callbacks_timed_out
+FROM awa.jobs
+WHERE state IN ('running', 'waiting_external');
 
 -- awa_trio.engines.queue_storage.layout.RING_SIZES_SQL
 SELECT
@@ -3355,6 +3434,96 @@ SELECT (
      WHERE ready_slot = $1 AND ready_generation = $2)
 );
 
+-- awa_trio.grants.CURRENT_ROLE_SQL
+SELECT current_user AS name, current_setting('is_superuser') = 'on' AS superuser;
+
+-- awa_trio.grants.CURRENT_USER_SQL
+SELECT current_user;
+
+-- awa_trio.grants.DATABASE_SQL
+SELECT oid, quote_ident(datname) AS sql_name FROM pg_database WHERE datname = current_database();
+
+-- awa_trio.grants.FUNCTIONS_SQL
+-- parameters: $1 :namespace, $2 :names
+SELECT proname AS name, oid, oid::regprocedure::text AS sql_name
+FROM pg_proc
+WHERE pronamespace = $1 AND proname = ANY($2::text[])
+ORDER BY proname, oid;
+
+-- awa_trio.grants.MISSING_SQL
+-- parameters: $1 :kinds, $2 :objects, $3 :privileges, $4 :labels
+SELECT need.label
+FROM unnest($1::text[], $2::oid[], $3::text[], $4::text[]) WITH ORDINALITY
+    AS need(kind, object, privilege, label, position)
+WHERE NOT COALESCE(
+    CASE need.kind
+        WHEN 'table' THEN has_table_privilege(need.object, need.privilege)
+        WHEN 'sequence' THEN has_sequence_privilege(need.object, need.privilege)
+        WHEN 'function' THEN has_function_privilege(need.object, need.privilege)
+        WHEN 'schema' THEN has_schema_privilege(need.object, need.privilege)
+        WHEN 'database' THEN has_database_privilege(need.object, need.privilege)
+        WHEN 'role' THEN pg_has_role(need.object, need.privilege)
+    END,
+    true)
+ORDER BY need.position;
+
+-- awa_trio.grants.NAMED_BY_FUNCTIONS_SQL
+-- parameters: $1 :names, $2 :namespace
+SELECT name
+FROM unnest($1::text[]) AS name
+WHERE EXISTS (SELECT 1 FROM pg_proc WHERE pronamespace = $2 AND prosrc ~ ('\m' || name || '\M'));
+
+-- awa_trio.grants.NAMESPACE_SQL
+-- parameters: $1 :schema_name
+SELECT oid, quote_ident(nspname) AS sql_name FROM pg_namespace WHERE nspname = $1;
+
+-- awa_trio.grants.OWNERS_SQL
+-- parameters: $1 :namespace, $2 :role_name
+SELECT quote_ident(owner.rolname) AS sql_name, owner.rolsuper AS superuser
+FROM pg_roles AS owner
+WHERE owner.oid IN (
+    SELECT nspowner FROM pg_namespace WHERE oid = $1
+    UNION
+    SELECT relowner FROM pg_class WHERE relnamespace = $1 AND relkind IN ('r', 'p', 'S')
+)
+  AND owner.rolname <> $2
+ORDER BY owner.rolname;
+
+-- awa_trio.grants.PARTITIONS_SQL
+-- parameters: $1 :namespace, $2 :names
+SELECT parent.relname AS parent, child.oid, child.oid::regclass::text AS sql_name
+FROM pg_inherits AS inheritance
+JOIN pg_class AS parent ON parent.oid = inheritance.inhparent
+JOIN pg_class AS child ON child.oid = inheritance.inhrelid
+WHERE parent.relnamespace = $1 AND parent.relname = ANY($2::text[])
+ORDER BY parent.relname, length(child.relname), child.relname;
+
+-- awa_trio.grants.QUOTE_DATABASE_SQL
+SELECT quote_ident(current_database());
+
+-- awa_trio.grants.QUOTE_ROLE_SQL
+-- parameters: $1 :role_name
+SELECT quote_ident($1);
+
+-- awa_trio.grants.RELATIONS_SQL
+-- parameters: $1 :namespace, $2 :names
+SELECT relname AS name, oid, oid::regclass::text AS sql_name
+FROM pg_class
+WHERE relnamespace = $1 AND relname = ANY($2::text[]) AND relkind IN ('r', 'p', 'v');
+
+-- awa_trio.grants.ROLE_SQL
+-- parameters: $1 :role_name
+SELECT oid, quote_ident(rolname) AS sql_name FROM pg_roles WHERE rolname = $1;
+
+-- awa_trio.grants.SEQUENCES_SQL
+-- parameters: $1 :namespace, $2 :names, $3 :prefixes
+SELECT relname AS name, oid, oid::regclass::text AS sql_name
+FROM pg_class
+WHERE relnamespace = $1 AND relkind = 'S'
+  AND (relname = ANY($2::text[])
+       OR EXISTS (SELECT 1 FROM unnest($3::text[]) AS prefix WHERE starts_with(relname::text, prefix)))
+ORDER BY relname;
+
 -- awa_trio.leadership.HOLDER_SQL
 -- parameters: $1 :pid
 SELECT application_name, host(client_addr) AS client_addr
@@ -3715,3 +3884,35 @@ ON CONFLICT (instance_id) DO UPDATE SET
     queues = EXCLUDED.queues,
     queue_descriptor_hashes = EXCLUDED.queue_descriptor_hashes,
     job_kind_descriptor_hashes = EXCLUDED.job_kind_descriptor_hashes;
+
+-- awa_trio.status.CRON_SQL
+SELECT name, cron_expr, timezone, kind, queue, last_enqueued_at, paused_at
+FROM awa.cron_jobs ORDER BY name;
+
+-- awa_trio.status.LOCK_SESSIONS_SQL
+-- parameters: $1 :lock_key
+SELECT a.pid,
+       a.application_name,
+       host(a.client_addr) AS client_addr,
+       a.backend_start,
+       l.granted IS TRUE AS holds_lock
+FROM pg_stat_activity AS a
+LEFT JOIN pg_locks AS l
+  ON l.pid = a.pid
+ AND l.locktype = 'advisory'
+ AND l.granted
+ AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+ AND (l.classid::bigint << 32 | l.objid::bigint) = $1
+ AND l.objsubid = 1
+WHERE a.datname = current_database()
+  AND (l.pid IS NOT NULL OR a.application_name LIKE 'awa_trio % lock')
+ORDER BY holds_lock DESC, a.backend_start;
+
+-- awa_trio.status.RUNTIMES_SQL
+SELECT instance_id, hostname, pid, version, leader, maintenance_alive, storage_capability,
+       transition_role, shutting_down, last_seen_at,
+       version LIKE '%+awa-trio.%' AS awa_trio
+FROM awa.runtime_instances
+WHERE last_seen_at + make_interval(secs => greatest(greatest(snapshot_interval_ms, 1000) * 3, 30000) / 1000.0)
+      >= now()
+ORDER BY leader DESC, awa_trio DESC, hostname, pid;
