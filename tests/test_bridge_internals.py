@@ -1,4 +1,4 @@
-"""The private driver internals awa_trio's bridge (awa_trio/db.py) relies on.
+"""The private driver internals awa_trio's bridge (awa_trio/db/) relies on.
 
 pyproject.toml caps asyncpg and trio-asyncio at the minor versions tested;
 these tests are what to run before lifting a cap: each fails by name when an
