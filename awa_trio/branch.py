@@ -1,6 +1,6 @@
 """One actor per maintenance branch: its own timer, its own failures.
 
-Timing (same as upstream's ``tokio::time::interval`` with the first tick
+Timing (same as awa-worker's ``tokio::time::interval`` with the first tick
 skipped): ticks fall on a fixed grid ``start + k * interval``, ``k >= 1``,
 so the first body runs one interval after the branch starts. Ticks that
 pass while a body is still running are dropped, not bunched up: after a slow

@@ -1,4 +1,4 @@
-"""Maintenance settings: every default of the upstream leader, validated once.
+"""Maintenance settings: every default of awa-worker's maintenance leader, validated once.
 
 All durations are float seconds. Values may be given as numbers, as
 ``datetime.timedelta`` or as strings such as ``"250ms"``, ``"30s"``, ``"5m"``,
@@ -53,10 +53,10 @@ DEFAULT_CRON_SYNC_INTERVAL = 60 * SECOND
 DEFAULT_CRON_EVAL_INTERVAL = 1 * SECOND
 DEFAULT_QUEUE_ROTATE_INTERVAL = 1 * SECOND
 DEFAULT_LEASE_ROTATE_INTERVAL = 0.25
-#: 0 = follow queue_rotate_interval (upstream: claim rotation defaults to the queue cadence).
+#: 0 = follow queue_rotate_interval, as awa-worker's claim rotation follows the queue cadence.
 DEFAULT_CLAIM_ROTATE_INTERVAL = 0.0
 
-# awa_trio's own settings (no upstream equivalent).
+# awa_trio's own settings (awa-worker has none of these).
 DEFAULT_BRANCH_RESTART_LIMIT = 5
 DEFAULT_BRANCH_RESTART_WINDOW = 60 * SECOND
 DEFAULT_BRANCH_TIMEOUT = 300 * SECOND

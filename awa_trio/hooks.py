@@ -13,15 +13,15 @@ one :class:`Hooks` object per kind of job:
   ``hook_timeout``. A slow, failing or hanging handler never delays a
   maintenance pass; when the queue (``hook_queue_size``) is full, events are
   dropped and counted in a warning. Events are in-memory observations (lost
-  on shutdown), like upstream's ``on_event``. A plain-function handler runs
+  on shutdown), as with awa-worker's ``on_event``. A plain-function handler runs
   in the dispatcher's Trio thread and cannot be interrupted: keep it quick,
   or make it ``async``.
-* **follow-up jobs** (:meth:`Hooks.on_rescued_enqueue`, upstream ADR-029):
+* **follow-up jobs** (:meth:`Hooks.on_rescued_enqueue`, Awa's ADR-029):
   durable side effects. After a rescue commits, each rescued job's factories
   are asked for :class:`FollowUpJob` s, which are inserted in one transaction
   per rescued job. A failing factory or insert is logged; the rescue stands
   ("no phantom follow-up, possibly a missing one"). Duplicate cancellations
-  enqueue nothing (as upstream).
+  enqueue nothing (as in Awa).
 * **in-flight cancellation** (:attr:`Hooks.in_flight`): an executor running
   jobs in this process registers ``(job_id, run_lease) -> cancel`` while an
   attempt runs; heartbeat and deadline rescues and duplicate cancellations
@@ -106,7 +106,7 @@ __all__ = [
 
 
 class RescueReason(enum.StrEnum):
-    """Why maintenance rescued a job (upstream ``RescueReason::as_str``)."""
+    """Why maintenance rescued a job (the strings of Awa's ``RescueReason::as_str``)."""
 
     STALE_HEARTBEAT = "stale_heartbeat"
     DEADLINE_EXCEEDED = "deadline_exceeded"

@@ -3,7 +3,7 @@
 ``serve_http(service, "127.0.0.1:9464")`` runs a Hypercorn server (ASGI, with
 its Trio worker) inside the caller's nursery, so it stops with the service:
 
-* ``GET /metrics``: Prometheus exposition of the ``awa`` meter (upstream's
+* ``GET /metrics``: Prometheus exposition of the ``awa`` meter (Awa's
   names, so Awa's Grafana dashboard and alert rules work unchanged) plus
   ``awa_trio_*`` leader metrics, from the prometheus_client registry that
   :func:`prometheus_meter_provider` feeds;

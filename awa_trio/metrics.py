@@ -1,4 +1,4 @@
-"""OpenTelemetry instruments, with upstream Awa's names, units and attributes
+"""OpenTelemetry instruments, with Awa's names, units and attributes
 so existing Awa dashboards keep working.
 
 Uses the global meter provider unless one is passed in (tests pass an SDK
@@ -25,7 +25,7 @@ MAINTENANCE_ROTATE_ATTEMPTS = "awa.maintenance.rotate.attempts"
 MAINTENANCE_ROTATE_SKIPPED_ROWS = "awa.maintenance.rotate.skipped_rows"
 MAINTENANCE_PRUNE_ATTEMPTS = "awa.maintenance.prune.attempts"
 MAINTENANCE_PRUNE_SKIPPED_ROWS = "awa.maintenance.prune.skipped_rows"
-# Upstream main (0.7.0-alpha, #442): successful prunes, by ring and phase.
+# Awa main (0.7.0-alpha, #442): successful prunes, by ring and phase.
 MAINTENANCE_PRUNE_DURATION = "awa.maintenance.prune.duration"
 RING_CURRENT_SLOT = "awa.ring.current_slot"
 RING_GENERATION = "awa.ring.generation"
@@ -33,7 +33,7 @@ QUEUE_DEPTH = "awa.queue.depth"
 QUEUE_LAG = "awa.queue.lag"
 QUEUE_INFO = "awa.queue.info"
 JOB_KIND_INFO = "awa.job_kind.info"
-# Published upstream by every queue-storage-capable runtime's snapshot tick.
+# In Awa, every queue-storage-capable runtime's snapshot tick publishes these.
 STORAGE_STATE = "awa.storage.state"
 STORAGE_TRANSITION_READY = "awa.storage.transition_ready"
 STORAGE_CANONICAL_LIVE_BACKLOG = "awa.storage.canonical_live_backlog"
@@ -436,7 +436,7 @@ class MaintenanceMetrics:
         docs_url: str | None,
         tags: list[str],
     ) -> None:
-        """Upstream's attribute set: only the fields a descriptor declares."""
+        """Awa's attribute set: only the fields a descriptor declares."""
         attributes = {ATTR_JOB_QUEUE: queue}
         for key, value in (
             ("awa.queue.display_name", display_name),
@@ -451,7 +451,7 @@ class MaintenanceMetrics:
         self.queue_info.set(1, attributes)
 
     def record_queue_lag(self, queue: str, seconds: float | None) -> None:
-        """``None``: nothing available. Like upstream, a queue that never had
+        """``None``: nothing available. As in Awa, a queue that never had
         a lag reports none; one that had reports 0 once it drains."""
         if seconds is None:
             if queue in self._queues_with_lag:
@@ -483,7 +483,7 @@ class MaintenanceMetrics:
 
     def record_rotate_skipped_busy(self, ring: str, blockers: dict[str, int]) -> None:
         """One attempt per non-zero blocker (``queue.ready_rows``, ``lease.rows``,
-        ...), as upstream, so a sum by blocker works; ``lost_cas`` when none."""
+        ...), as Awa records them, so a sum by blocker works; ``lost_cas`` when none."""
         emitted = False
         for blocker, count in blockers.items():
             if count > 0:
@@ -506,7 +506,7 @@ class MaintenanceMetrics:
     ) -> None:
         """``outcome``: noop, pruned, blocked or skipped_active (with reason and
         count). ``phase_seconds`` (lock, truncate, commit) of a pruned one go
-        to awa.maintenance.prune.duration, as upstream main records them."""
+        to awa.maintenance.prune.duration, as Awa main records them."""
         attributes = {ATTR_RING: ring, ATTR_RING_OUTCOME: outcome, ATTR_RING_REASON: reason or "none"}
         self.prune_attempts.add(1, attributes)
         if count is not None:

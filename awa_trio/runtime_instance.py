@@ -1,11 +1,11 @@
 """awa_trio's own row in ``awa.runtime_instances``, so that Awa's admin views
 (``awa serve``: the leader count and each instance's maintenance badge) show
-who maintains the fleet. Upstream's design for such a process is a
+who maintains the fleet. Awa's design for such a process is a
 maintenance-only instance (hardbyte/awa #282): it runs no queues, claims no
 jobs, heartbeats none.
 
 Every awa_trio node registers, followers too, and refreshes its row every
-``runtime_snapshot_interval`` (upstream's runtimes: 10 s) and at once when it
+``runtime_snapshot_interval`` (Awa's runtimes: 10 s) and at once when it
 gains or loses the lock. A clean stop marks the row ``shutting_down`` and then
 deletes it. A database error is logged and the next interval tries again.
 
@@ -18,7 +18,7 @@ abort, in mixed transition, refuses while one says ``queue_storage``; Awa 0.7
 refuses to migrate past v43 while a live row's ``version`` is below 0.6.2 or
 not semver, and to flip ring authority while a live row has no
 ``binary_version`` (a v43 column). So awa_trio's row says ``queue_storage``
-(it maintains queue storage; upstream's auto runtimes say the same before the
+(it maintains queue storage; Awa's auto runtimes say the same before the
 flip) with the ``auto`` role (it follows ``awa.storage_status()``), which no
 gate counts in the canonical, prepared and active states; its ``version``
 is semver above every floor; and the row exists only while it changes no

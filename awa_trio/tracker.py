@@ -16,10 +16,9 @@ Overrun hysteresis (awa-worker #242/#316, v0.6.1 semantics)::
     tick while cooldown > 0                    -> cooldown -= 1, body skipped,
                                                  no sample recorded
 
-One deliberate difference from v0.6.1: the cooldown is
-``C = min(120, 2 * ceil(sample / interval))`` ticks instead of a fixed 120. A
-fixed 120 re-armed on every overrun starves a slow branch to 1/120 of its
-ticks (upstream later paced it by the offending duration too). The C quiet
+The cooldown is ``C = min(120, 2 * ceil(sample / interval))`` ticks, not
+v0.6.1's fixed 120 (docs/differences.md): a fixed 120 re-armed on every
+overrun starves a slow branch to 1/120 of its ticks. The C quiet
 ticks include the tick that flips or re-arms the cooldown, so a branch whose
 every body is slow still runs at least once every C + 1 ticks (about a third
 of its ticks at most durations, never less than 1/121).
@@ -39,7 +38,7 @@ NANOS_PER_SECOND = 1_000_000_000
 
 
 def to_nanos(seconds: float) -> int:
-    """Durations are compared in integer nanoseconds, as upstream does, so a
+    """Durations are compared in integer nanoseconds, as awa-worker does, so a
     sample exactly on a threshold lands on the same side every time."""
     return round(seconds * NANOS_PER_SECOND)
 

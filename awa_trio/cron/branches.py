@@ -5,7 +5,8 @@ leadership and every ``cron_sync_interval`` (60 s); it never deletes rows,
 because other deployments sharing the database register their own.
 
 ``cron_eval`` runs every ``cron_eval_interval`` (1 s) over **every** row in
-``awa.cron_jobs`` (not only ours, like upstream): it skips paused schedules,
+``awa.cron_jobs`` (not only ours: the lock holder fires every deployment's
+schedules): it skips paused schedules,
 computes the due fires (:func:`~awa_trio.cron.fire_times.compute_fire_times`)
 and enqueues them oldest first, each with the compare-and-set of
 :data:`~awa_trio.cron.store.ATOMIC_ENQUEUE_SQL` chained on the previous
@@ -16,15 +17,15 @@ is skipped every pass until someone fixes or deletes it, and logged once
 (an ERROR line when the problem first appears, DEBUG while it stands); so is
 a fire that ``awa.insert_job_compat`` refuses for the row's values.
 
-Unlike upstream, the pass is evaluated against the database clock (the clock
-that wrote ``created_at``), so a leader with a skewed clock fires on time.
+The pass is evaluated against the database clock (the clock that wrote
+``created_at``), so a leader with a skewed clock fires on time.
 
 On time: each pass also finds the next fire of every schedule it read (the
 first fire after its mark, memoised like the due check), and the branch
 wakes then rather than at its next tick, so a fire is enqueued within a few
 milliseconds of its time. A schedule whose next fire is already past (a
-missed compare-and-set, an error, the catch-up limit) waits for the tick,
-as before; so do schedules added or changed after the pass.
+missed compare-and-set, an error, the catch-up limit) waits for the next
+tick; so do schedules added or changed after the pass.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cron expressions that mean what they mean to upstream Awa.
+"""Cron expressions that mean what they mean to Awa.
 
 Awa v0.6.1 parses schedules with croner 2.2.0
 (``Cron::new(expr).with_seconds_optional()``). croniter, which we use for the

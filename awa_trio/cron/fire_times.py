@@ -1,7 +1,7 @@
 """When a schedule fires: croner's iteration rules in a time zone, and the
 missed-fire policies of Awa's evaluator. Pure functions, no database.
 
-The fires of a schedule from a start instant are what upstream's
+The fires of a schedule from a start instant are what Awa's
 ``croner 2.2.0 iter_from(start)`` yields, which is decided on naive wall-clock
 time in the schedule's zone:
 
@@ -14,30 +14,28 @@ time in the schedule's zone:
   from ``01:00``) is swallowed. When the second just before the gap fired,
   croner resumes at the gap's end and the gap fires nothing.
 
-Two deliberate differences, both where croner misbehaves:
+Two places where croner misbehaves and we do not follow it (docs/cron.md):
 
 * croner's iterator steps ``fire + 1 s`` in absolute time, so after a fire in
   the last second before clocks go back it lands in the repeated hour and
-  replays it (for ``59 59 1 * * *`` it yields the same instant forever, and
-  upstream's evaluator spins). We continue after the repeated hour.
+  replays it (for ``59 59 1 * * *`` it yields the same instant forever). We
+  continue after the repeated hour.
 * croner gives up for good on gaps longer than an hour (``InvalidTime``: the
   schedule would never fire again); we treat every gap alike.
 We also never return instants before the start (croner does when started in
-the second pass of a repeated hour). Upstream's evaluator drops those only
-when the schedule has a ``last_enqueued_at``; on first registration it would
-enqueue one, dated before the schedule's own lookback window (``* * * * *``
-in Europe/London created at 01:30 in the repeated hour fires 00:59 UTC at
-once). awa_trio fires nothing then, and the schedule's first fire is the
-first one its iteration reaches.
+the second pass of a repeated hour): on first registration such an instant
+would lie before the schedule's own lookback window (``* * * * *`` in
+Europe/London created at 01:30 in the repeated hour would fire 00:59 UTC at
+once). The schedule's first fire is the first one its iteration reaches.
 
-Policies (upstream ``compute_fire_times``): first registration fires only
+Policies (Awa's ``compute_fire_times``, whose rows we fire too): first registration fires only
 the latest due fire at or after ``created_at - 1 min``; ``coalesce`` fires the
 latest due fire after ``last_enqueued_at``, found by searching backwards from
 now, so a day-long outage costs what a minute does; ``catch_up`` fires every
 missed one, oldest first, at most ``limit`` per pass.
 
 Zone rules come from :mod:`zoneinfo` (the system tz database, else the
-``tzdata`` package); upstream embeds chrono-tz's copy. A zone whose rules
+``tzdata`` package); Awa embeds chrono-tz's copy. A zone whose rules
 changed recently fires by whichever copy is newer until both are updated.
 """
 
@@ -76,7 +74,7 @@ class InvalidPolicyError(ValueError):
 
 
 def parse_policy(value: object) -> MissedFirePolicy:
-    """Exactly ``coalesce`` or ``catch_up`` (case-sensitive, like upstream)."""
+    """Exactly ``coalesce`` or ``catch_up`` (case-sensitive, as Awa reads the same rows)."""
     if isinstance(value, str):
         try:
             return MissedFirePolicy(value)
@@ -111,7 +109,7 @@ def floor_to_second(instant: datetime) -> datetime:
 
 def format_fire_time(fire_time: datetime) -> str:
     """PostgreSQL's text of a timestamptz in a UTC session, e.g.
-    ``2026-11-30 17:21:24+00``: what upstream stores as ``cron_fire_time``.
+    ``2026-11-30 17:21:24+00``: what Awa stores as ``cron_fire_time``.
 
     Built here rather than with ``$1::text`` so it cannot depend on the
     session's TimeZone or DateStyle.
@@ -275,7 +273,7 @@ def compute_fire_times(
     now: datetime,
     limit: int = CATCH_UP_LIMIT,
 ) -> list[datetime]:
-    """The fires to enqueue now, oldest first (upstream ``compute_fire_times``)."""
+    """The fires to enqueue now, oldest first (as Awa's ``compute_fire_times``)."""
     if last_enqueued_at is None:
         start = created_at - FIRST_REGISTRATION_LOOKBACK
         first = _first_fire(schedule, floor_to_second(start), after=False)

@@ -1,11 +1,9 @@
 """Periodic job definitions, validated when they are registered.
 
-Upstream validates the expression, the zone, the priority and max_attempts
-when a schedule is built, but checks kind, queue and tags only inside
-``awa.insert_job_compat`` at fire time, where a bad value makes the
-evaluator fail (and log) every second forever. Here every field is checked up
-front, and each error names the schedule, so a typo stops the process at
-startup instead.
+Every field is checked up front, and each error names the schedule, so a
+typo stops the process at startup: ``awa.insert_job_compat`` checks kind,
+queue and tags only at fire time, where a bad value would make the
+evaluator fail (and log) every second forever.
 """
 
 from __future__ import annotations
@@ -159,7 +157,7 @@ class PeriodicJob:
 
 def validate_periodic_jobs(jobs: Iterable[PeriodicJob]) -> tuple[PeriodicJob, ...]:
     """The jobs as a tuple; rejects anything else and names used twice
-    (upstream silently lets the last registration win)."""
+    (a second registration would silently replace the first)."""
     result: list[PeriodicJob] = []
     seen: set[str] = set()
     for job in jobs:

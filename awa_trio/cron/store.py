@@ -1,6 +1,6 @@
 """The SQL of cron: rows in ``awa.cron_jobs`` and the fire statement.
 
-Same contract as upstream ``awa_model::cron`` (v0.6.1), so awa_trio and Awa's
+Same contract as Awa's ``awa_model::cron`` (v0.6.1), so awa_trio and Awa's
 own leader can take turns on one database:
 
 * registration is an additive upsert: it never deletes rows and never touches

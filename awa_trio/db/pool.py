@@ -46,8 +46,8 @@ class _Pool:
     transaction. awa_trio leaves no other session state
     on pooled connections (settings are SET LOCAL, LISTEN uses dedicated
     connections, the batch runner unlocks its session lock in a shielded
-    finally), so nothing is reset on return (asyncpg's default reset was
-    one statement in five on an idle leader)."""
+    finally), so nothing is reset on return (asyncpg's default reset would
+    be one statement in five on an idle leader)."""
 
     def __init__(
         self,

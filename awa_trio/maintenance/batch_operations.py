@@ -1,7 +1,7 @@
 """The batch-operation runner: admin batch operations (``set_priority``,
 ``move_queue``) that operators submit through awa-pg, one chunk per tick.
 
-Same contract as upstream ``awa_model::batch_operations`` (v0.6.1), so an
+Same contract as Awa's ``awa_model::batch_operations`` (v0.6.1), so an
 operation can be submitted, watched and cancelled with awa-pg
 (``Client.set_priority``, ``move_queue``, ``get_batch_operation``,
 ``cancel_batch_operation``) while awa_trio or an awa-pg leader runs it:
@@ -19,7 +19,7 @@ operation can be submitted, watched and cancelled with awa-pg
    is no longer ``available``/``scheduled`` or already has the target value,
    ``errored`` (``job_id=N: <error>``, also in ``last_error``) when the
    statement failed. Only state and no-op-ness are re-checked at apply time,
-   like upstream; the rest of the filter was decided by the scan.
+   as awa-pg's runner does; the rest of the filter was decided by the scan.
 6. No pending item left: the operation ends ``completed`` with
    ``finalized_at`` and ``retention_until = finalized_at + N days``
    (``AWA_BATCH_OP_RETENTION_DAYS``, default 90, read at each finalisation).
@@ -38,11 +38,11 @@ that connection (if it dies, the lock and the work stop together), and it is
 released there. Session and transaction advisory locks on one key exclude
 each other in PostgreSQL, so either kind held elsewhere keeps us out.
 
-Where this deliberately differs from upstream (each change keeps the tables
+Beyond awa-pg's runner (docs/differences.md; each choice keeps the tables
 exactly as awa-pg reads them):
 
-* A cancel is never overwritten. Upstream's final status update has no state
-  check, so a cancel landing just before it became ``completed``; here the
+* A cancel is never overwritten. A final status update without a state
+  check would turn a cancel landing just before it into ``completed``; the
   final update locks the row, turns a requested cancel into ``cancelled``,
   and never touches an operation that already finished.
 * Cancellation is honoured per item, not per chunk: each item's statement
@@ -94,9 +94,9 @@ log = logging.getLogger(__name__)
 NAME = "batch_operations"
 #: "AWA_BATC": the runner lock of every Awa batch-operation runner.
 RUNNER_LOCK_KEY = 0x4157_415F_4241_5443
-#: Items applied per tick (upstream's DEFAULT_CHUNK_SIZE).
+#: Items applied per tick (Awa's DEFAULT_CHUNK_SIZE).
 CHUNK_SIZE = 100
-#: Job ids snapshotted per scan statement (upstream's SCAN_PAGE_SIZE).
+#: Job ids snapshotted per scan statement (Awa's SCAN_PAGE_SIZE).
 SCAN_PAGE_SIZE = 10_000
 #: Days a finished operation is kept before cleanup deletes it.
 DEFAULT_RETENTION_DAYS = 90
@@ -325,7 +325,7 @@ class BatchOperationsResult(BodyResult):
     runner_lock_busy: bool = False
     operation_id: uuid.UUID | None = None
     op_kind: str | None = None
-    #: This call's runner_instance (fresh per call, as upstream).
+    #: This call's runner_instance (fresh per call, as awa-pg's runner makes it).
     runner_instance: uuid.UUID | None = None
     #: Items handled by this call.
     processed: int = 0
@@ -541,7 +541,7 @@ async def finalize_operation(
 
 def retention_days() -> int:
     """AWA_BATCH_OP_RETENTION_DAYS when it is a positive integer, else 90
-    (read at every finalisation, as upstream)."""
+    (read at every finalisation, as awa-pg's runner reads it)."""
     raw = os.environ.get(RETENTION_DAYS_ENV)
     if raw is not None and re.fullmatch(r"[+-]?[0-9]+", raw):
         days = int(raw)

@@ -12,8 +12,8 @@ dead-lettered rows past retention on queue storage), cleanup deletes:
    ``retention_until``, oldest first, 1000 per batch; their items go with
    them (ON DELETE CASCADE).
 
-Each step is its own statement with its own error handling (like upstream,
-a failing step is logged and the next ones still run). Batched steps drain
+Each step is its own statement with its own error handling: a failing step
+is logged and the next ones still run. Batched steps drain
 (:mod:`awa_trio.maintenance.drain`) within the tick's budget,
 ``min(drain_time_budget, cleanup_interval / 2)``, shared by every step of
 the tick, each step taking at least one batch.

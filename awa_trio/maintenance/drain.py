@@ -1,8 +1,8 @@
 """The drain loop shared by branches that work through a backlog in batches.
 
-Upstream takes one batch per tick (cleanup 1000 rows a minute, rescue 500
-every 30 s), so a busy queue outgrows its maintenance. A draining branch
-repeats short batches instead, as River's cleaner does, until one comes back
+One batch per tick (cleanup 1000 rows a minute, rescue 500 every 30 s) lets
+a busy queue outgrow its maintenance. So a draining branch repeats short
+batches, as River's cleaner does, until one comes back
 short (nothing left, or only rows others hold) or the tick's time budget is
 spent. Every batch is its own statement, hence its own transaction, with
 ``SKIP LOCKED``: no worker waits on maintenance longer than one batch, and a

@@ -1,6 +1,5 @@
 """Descriptor and storage-transition gauges, read by queue_stats on either
-engine in one statement per tick (the one that read queue descriptors alone
-before).
+engine in one statement per tick.
 
 * ``awa.queue.info``: one series per declared queue (value 1) carrying its
   descriptor as labels, the join target Awa's Grafana dashboard uses to show
@@ -15,13 +14,13 @@ before).
   ``awa.storage.canonical_live_backlog`` and
   ``awa.storage.live_runtime_capability`` (per capability, all three always).
 
-Upstream (awa-worker 0.6.1) records ``awa.job_kind.info`` on every
-runtime's snapshot tick and the four storage gauges on every
-queue-storage-capable one's, from awa-model's storage report; awa_trio,
-leading alone, has no runtime to do it. The meaning is upstream's:
+In Awa (awa-worker 0.6.1) every runtime's snapshot tick records
+``awa.job_kind.info``, and every queue-storage-capable one's the four
+storage gauges, from awa-model's storage report; awa_trio runs no runtime,
+so its leader records them, with awa-worker's meaning:
 
 * a runtime is live while ``last_seen_at`` + max(3 x max(its snapshot
-  interval, 1 s), 30 s) has not passed (upstream compares in milliseconds;
+  interval, 1 s), 30 s) has not passed (awa-worker compares in milliseconds;
   ``awa.storage_finalize()`` itself rounds to whole seconds);
 * the canonical live backlog is ``awa.canonical_live_backlog()``: every
   ``awa.jobs_hot`` row not completed, failed or cancelled, plus every
@@ -35,16 +34,16 @@ leading alone, has no runtime to do it. The meaning is upstream's:
   ``awa.storage_finalize()`` waiting (canonical and drain-only on schema 39,
   canonical only from schema 40: see :data:`FINALIZE_BLOCKERS`).
 
-Differences, on purpose: these are observable gauges over the snapshot the
-latest tick read, reported only while the term that read it leads, so a
-state, engine or job kind that changed or vanished stops reporting (upstream
-records synchronous gauges, which repeat every label set they ever saw;
-``awa.queue.info`` is still one here);
-and on finalised queue storage (active engine ``queue_storage``, state not
-``mixed_transition``) the canonical tables are not read (a least-privilege
-role has no grant on them then): the backlog is reported as 0, which it is
-by construction once finalize passed (it checks for 0 under the transition
-row's lock, and afterwards every insert routes to queue storage).
+On purpose (docs/differences.md): these are observable gauges over the
+snapshot the latest tick read, reported only while the term that read it
+leads, so a state, engine or job kind that changed or vanished stops
+reporting (synchronous gauges would repeat every label set they ever saw;
+``awa.queue.info`` is still one); and on finalised queue storage (active
+engine ``queue_storage``, state not ``mixed_transition``) the canonical
+tables are not read (a least-privilege role has no grant on them then): the
+backlog is reported as 0, which it is by construction once finalize passed
+(it checks for 0 under the transition row's lock, and afterwards every
+insert routes to queue storage).
 """
 
 from __future__ import annotations
@@ -199,7 +198,7 @@ INFO_SQL = Statement(
 
 
 def descriptor_attributes(prefix: str, key: str, descriptor: Mapping[str, Any]) -> dict[str, str]:
-    """Upstream's attribute set: ``key`` (the name), then only the fields a
+    """Awa's attribute set: ``key`` (the name), then only the fields a
     descriptor declares, tags joined by commas."""
     attributes = {key: str(descriptor["name"])}
     for field in ("display_name", "description", "owner", "docs_url"):

@@ -9,9 +9,9 @@ budget is spent, with the drain's rest between full batches.
 Cancel notices go out inside each batch's transaction, before its commit:
 every attempt a batch takes away from a worker (heartbeat and deadline
 rescues, and every duplicate cancellation, a callback-timeout branch's
-included, as upstream signals them; never a callback-timeout rescue, whose
+included, as awa-worker signals them; never a callback-timeout rescue, whose
 handler has returned) gets ``pg_notify('awa:cancel', '{"job_id": ..,
-"run_lease": ..}')``, the notice every Awa runtime listens for (upstream's
+"run_lease": ..}')``, the notice every Awa runtime listens for (awa-worker's
 ``cancel_listener.rs``) and answers by setting that attempt's cancel flag,
 so its handler sees ``job.is_cancelled()``. Postgres delivers a notice only
 when its transaction commits: a rescue that rolls back sends none, one that
@@ -259,7 +259,7 @@ def attempts_to_cancel(
 ) -> list[JobRow]:
     """The attempts a batch took away from their workers: every duplicate
     cancellation, and the rescued ones of a branch that cancels them (as
-    upstream's ``signal_cancellation``)."""
+    awa-worker's ``signal_cancellation`` picks them)."""
     return [*duplicates_cancelled, *(rescued if rescue.cancels_in_flight else ())]
 
 

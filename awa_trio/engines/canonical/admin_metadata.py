@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 RECOMPUTE_DIRTY_NAME = "recompute_dirty_admin_metadata"
 REFRESH_NAME = "refresh_admin_metadata"
-#: Dirty queues (and, separately, dirty kinds) drained per call, as upstream.
+#: Dirty queues (and, separately, dirty kinds) drained per call, as Awa's leader does.
 DIRTY_KEY_BATCH_SIZE = 100
 
 # Returns how many dirty keys (queues + kinds) it drained; 0 when idle.
@@ -45,7 +45,7 @@ async def run_recompute_dirty(ctx: MaintenanceContext) -> RecomputeDirtyResult:
     result.keys_recomputed = int(
         await ctx.db.fetchval(*RECOMPUTE_DIRTY_ADMIN_METADATA_SQL.bind(batch_size=DIRTY_KEY_BATCH_SIZE)) or 0
     )
-    # Routine upkeep every 2 s under any write traffic: debug, as upstream.
+    # Routine upkeep every 2 s under any write traffic: debug, not info.
     if result.keys_recomputed:
         log.debug("%s: recomputed %d dirty admin metadata keys", RECOMPUTE_DIRTY_NAME, result.keys_recomputed)
     return result

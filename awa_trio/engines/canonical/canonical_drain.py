@@ -10,20 +10,17 @@ canonical ``available`` rows; only the leader turns due ``scheduled`` and
 ``retryable`` rows into ``available`` ones and takes back ``running`` rows
 whose worker died.
 
-Upstream 0.6.1 strands them: only a canonical-engine leader promotes canonical
-rows, and its rescues update through the ``awa.jobs`` view, which after the
-flip shows only queue storage (``UPDATE 0``). Upstream fixed it after 0.6.5
-(#456, #458, #459): a queue-storage leader also promotes and rescues the
-canonical plane, on the physical tables, and signals no local in-flight
-attempt for it (the id sequences of the two planes overlap). awa_trio does
-the same:
+So the queue-storage leader also promotes and rescues the canonical plane,
+on the physical tables: after the flip the ``awa.jobs`` view shows only
+queue storage, so a rescue through it updates nothing (``UPDATE 0``). In
+detail:
 
 * promotion and the three rescues serve the canonical plane beside the
   queue-storage one, with the canonical branches' statements, which write
   ``awa.jobs_hot`` and ``awa.scheduled_jobs`` directly, never the view (the
   heartbeat and deadline rescues with the variant below). Promoted canonical rows
   stay canonical ``available`` rows under their own id, for drain runtimes
-  to claim, as upstream: moving them to queue storage would give them new
+  to claim: moving them to queue storage would give them new
   ids and drop callback wiring (``deferred_jobs`` has no callback columns);
 * the heartbeat and deadline rescues of the canonical plane fail an attempt
   that was the job's last (``attempt >= max_attempts``) instead of making
@@ -42,7 +39,7 @@ the same:
   whose id and lease a queue-storage attempt also has (a lease, a claim or
   a compact claim item, closed or not) gets none: cancelling the wrong
   attempt would lose its work, while a missing notice only leaves a
-  rescued handler running, as before notices;
+  rescued handler running until it returns;
 * finished canonical rows past retention are deleted as on the canonical
   engine, so a long drain does not grow ``jobs_hot``;
 * the ``canonical_drain`` branch reports the backlog and warns when due

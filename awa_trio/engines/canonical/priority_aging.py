@@ -8,7 +8,7 @@ job is aged its original priority is kept in
 ``metadata._awa_original_priority`` (the key the admin batch operations use
 too, so whichever touched the job first wins); later passes leave it alone.
 
-Upstream ages at most 1000 jobs per tick. Here the pass drains (see
+The pass drains rather than aging a fixed 1000 jobs per tick (see
 :mod:`awa_trio.maintenance.drain`): batches of ``priority_aging_batch_size``, each its
 own statement, until a batch comes back short or the tick's budget is spent.
 A job aged this tick must not be aged again by the next batch, and aging

@@ -10,12 +10,12 @@ round trip.
 Unique-claim conflicts: a job whose ``unique_states`` claim ``available``
 but not its waiting state (``scheduled`` or ``retryable``) cannot be
 promoted while another job holds its claim, and the trigger refuses the
-whole batch with SQLSTATE 23505. Upstream's promotion then fails every tick
-and nothing of that state is promoted again. Here the refused batch goes
-row by row; a job whose promotion conflicts is cancelled as a duplicate
-(the job holding the claim wins, as River discards such jobs when it
-schedules them), a job that cannot even be cancelled is skipped with an
-error naming the claim holder, and every other due job is promoted.
+whole batch with SQLSTATE 23505, which would fail every tick and never
+promote that state again. So the refused batch goes row by row; a job whose
+promotion conflicts is cancelled as a duplicate (the job holding the claim
+wins, as River discards such jobs when it schedules them), a job that cannot
+even be cancelled is skipped with an error naming the claim holder, and
+every other due job is promoted.
 """
 
 from __future__ import annotations

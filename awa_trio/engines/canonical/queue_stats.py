@@ -1,7 +1,7 @@
 """queue_stats: publish ``awa.queue.depth`` and ``awa.queue.lag`` so existing
 Awa dashboards show the queues this leader maintains.
 
-Semantics follow upstream's ``queue_overviews`` (the numbers Awa's own UI and
+Semantics follow Awa's ``queue_overviews`` (the numbers Awa's own UI and
 ``Client.queue_stats()`` show), because dashboards and alerts are built on
 them:
 
@@ -17,12 +17,12 @@ them:
   never recomputed is not reported yet;
 * lag is live: seconds since the ``run_at`` of the queue's oldest
   ``available`` job in ``awa.jobs_hot`` (none when nothing is available).
-  Upstream aggregates every available row for it; here each queue costs one
-  index probe per priority level, which gives the same minimum.
+  Each queue costs one index probe per priority level, not an aggregate
+  over every available row; the minimum is the same.
 
-Unlike upstream, a queue whose last available job was taken reports lag 0
-(not its last lag, forever), and a queue that leaves every source above
-reports depth 0 once, so alerts on these gauges clear.
+A queue whose last available job was taken reports lag 0 (not its last
+lag, forever), and a queue that leaves every source above reports depth 0
+once, so alerts on these gauges clear.
 
 Canonical engine only; queue storage reports its depth from its ring tables.
 """
@@ -43,12 +43,12 @@ __all__ = ["DEPTH_STATES", "NAME", "run_once"]
 
 NAME = "queue_stats"
 
-# all_queues: every source of queue names upstream's overview unions.
+# all_queues: every source of queue names Awa's overview unions.
 # Lag: the dequeue index is (queue, priority, run_at, id) WHERE available, so
 # the oldest run_at of one queue is the least of the first entries of its
 # priority levels. Priorities are 1..4 (CHECK jobs_hot_priority_in_range);
 # probing each level reads 4 index entries per queue instead of every
-# available row. now() is the statement's start, as upstream.
+# available row. now() is the statement's start, as in Awa's overview.
 QUEUE_OVERVIEW_SQL = Statement("""
     WITH all_queues AS (
         SELECT queue FROM awa.queue_state_counts

@@ -1,4 +1,4 @@
-"""The canonical engine's branch set (upstream's canonical set);
+"""The canonical engine's branch set (the branches Awa's canonical leader runs);
 :mod:`awa_trio.registry` picks the set per storage state."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The canonical engine's rescue sweep: its statements and the unique-claim
-fallback (#388 upstream), for the three rescue branches.
+fallback (Awa #388), for the three rescue branches.
 
 A rescue takes a job away from a worker presumed dead (stale heartbeat),
 overdue (hard deadline) or never called back (callback timeout). On the
@@ -8,10 +8,10 @@ canonical engine the rescued row leaves ``awa.jobs_hot`` for
 locks up to ``rescue_batch_size`` candidates with ``SKIP LOCKED``, deletes
 them from ``jobs_hot`` and inserts the rescued rows into ``scheduled_jobs``,
 returning them. Rows never travel to the client and the cost is per rescued
-row, not per table row. (Upstream UPDATEs the
-``awa.jobs`` view instead, whose INSTEAD OF trigger does the same delete and
-insert; but every UPDATE of that view first materialises the whole
-``jobs_compat()`` function, i.e. every job in the database, on every pass.)
+row, not per table row. (Not through the ``awa.jobs`` view, whose INSTEAD
+OF trigger does the same delete and insert: every UPDATE of that view first
+materialises the whole ``jobs_compat()`` function, i.e. every job in the
+database, on every pass.)
 The unique-claim triggers fire on the base tables either way.
 
 A sweep drains (:mod:`awa_trio.maintenance.drain`): it repeats batches until one comes

@@ -2,7 +2,7 @@
 
 The claim sets ``deadline_at = now() + queue deadline``; a ``running`` row
 past it becomes ``retryable`` exactly like a stale-heartbeat rescue (run_at
-unchanged, ``max_attempts`` not consulted, as upstream), with the error
+unchanged, ``max_attempts`` not consulted, as in Awa), with the error
 ``hard deadline exceeded``. Earliest deadlines first, in batches of
 ``rescue_batch_size``, drained within the tick. Attempts of those jobs
 still running in this process are cancelled. Shared machinery: :mod:`.rescue`.

@@ -4,7 +4,7 @@ heartbeating (crashed, killed, partitioned away).
 A ``running`` row whose ``heartbeat_at`` is older than
 ``heartbeat_staleness`` becomes ``retryable`` with its ``run_at`` unchanged,
 so the next promotion makes it available again at once; ``max_attempts`` is
-not consulted (as upstream). Oldest heartbeats first, in batches of
+not consulted (as in Awa). Oldest heartbeats first, in batches of
 ``rescue_batch_size``, drained within the tick. Attempts of those jobs
 still running in this process are cancelled. Shared machinery: :mod:`.rescue`.
 """

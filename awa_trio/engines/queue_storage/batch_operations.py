@@ -4,7 +4,7 @@
 The runner is the shared one (:mod:`awa_trio.maintenance.batch_operations`:
 runner lock, claim, scan into items, 100 items per tick, finalisation,
 cancellation, retention); this module supplies what differs on this engine,
-following upstream ``awa_model::batch_operations`` with
+following Awa's ``awa_model::batch_operations`` with
 ``QueueStorage::{set_priority_tx, move_queue_tx}`` (v0.6.1):
 
 * **Which jobs match.** Available jobs are the live ready entries: at or
@@ -24,8 +24,8 @@ following upstream ``awa_model::batch_operations`` with
   only) by move_queue. A NULL payload (``enqueue_many_copy``) becomes the
   standard empty one.
 
-Each item is one short transaction. Unlike upstream, an available job's
-claim head is locked (``FOR UPDATE``, as the claimer locks it) before its
+Each item is one short transaction. An available job's claim head is
+locked (``FOR UPDATE``, as the claimer locks it) before its
 entry is read and tombstoned: the claimer reads tombstones without locking
 the entry, so without it a worker could claim the old entry while the job is
 being re-entered, and the job would run twice. The claimer locks heads with
@@ -57,8 +57,8 @@ Concurrent writers, and what makes each pair safe:
 * **Rotation and prune**: the old entry is never truncated while unclaimed
   (the prune's pending-ready gate), and the new one lands in the live slot.
 
-Not covered (as in upstream's default configuration): striped logical
-queues, whose stripe choice needs the runtime's queue config.
+Not covered: striped logical queues (off in Awa's default configuration),
+whose stripe choice needs the runtime's queue config.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ ENQUEUE_SHARDS_SQL = Statement("""
     SELECT COALESCE(max(enqueue_shards), 1)::int FROM awa.queue_meta WHERE queue = :queue
 """)
 
-# Same lane lock key as upstream's lane creation.
+# Same lane lock key as Awa's lane creation, so the two exclude each other.
 LANE_LOCK_SQL = Statement("SELECT pg_advisory_xact_lock(hashtextextended(:lock_key, 0))")
 
 # Tombstone the old entry (OLD_ENTRY_COLUMNS, :job_id) and make sure the

@@ -10,10 +10,10 @@ table), so this branch deletes its rows older than ``dlq_retention``:
    sets no ``dlq`` retention of its own;
 2. one pass per queue that does, with that queue's retention.
 
-Upstream deletes one ``dlq_cleanup_batch_size`` batch per pass per tick, so a
-DLQ that fills faster than ``batch / cleanup_interval`` (17 rows/s at the
-defaults) grows without bound. Here each pass repeats its batch until a batch
-comes back short or the tick's budget, ``min(drain_time_budget,
+One ``dlq_cleanup_batch_size`` batch per pass per tick would let a DLQ that
+fills faster than ``batch / cleanup_interval`` (17 rows/s at the defaults)
+grow without bound, so each pass repeats its batch until a batch comes back
+short or the tick's budget, ``min(drain_time_budget,
 cleanup_interval / 2)``, is spent. Every batch is its own short statement
 (``FOR UPDATE SKIP LOCKED``, so a row an admin is retrying right now is left
 for later and nobody waits on us), and a cancel between or during batches
@@ -22,7 +22,7 @@ always runs, so a queue with an override is never starved by the global
 backlog.
 
 Each batch is counted at once in ``awa.job.dlq_purged`` (no queue attribute
-for the global pass, ``awa.job.queue`` for an override queue, as upstream).
+for the global pass, ``awa.job.queue`` for an override queue, as Awa records it).
 
 Then the steps every engine shares (:mod:`awa_trio.maintenance.cleanup`):
 runtime snapshots, descriptors and expired batch operations, within the

@@ -13,10 +13,10 @@ from ...context import MaintenanceContext
 from ...sql import Fragment, Statement
 
 #: How long a prune waits for a slot's exclusive locks before it gives way to
-#: the readers holding them and reports Blocked (upstream's prune lock timeout).
+#: the readers holding them and reports Blocked (Awa's prune lock timeout).
 PRUNE_LOCK_TIMEOUT = 0.010
 #: Terminal counters are striped by ``job_id % TERMINAL_COUNTER_BUCKETS``
-#: (upstream's TERMINAL_COUNTER_BUCKETS).
+#: (Awa's TERMINAL_COUNTER_BUCKETS: its writers stripe the same counters).
 TERMINAL_COUNTER_BUCKETS = 256
 
 #: awa.job_state in enum order: the text form of a job's ``unique_states``

@@ -202,7 +202,7 @@ class RingTables:
     ring: str
     #: Parent tables whose ``<parent>_<slot>`` children make up one slot.
     children: tuple[str, ...]
-    #: Columns named by upstream's blocker labels, each the rows found in the
+    #: Columns named by Awa's blocker labels, each the rows found in the
     #: slot about to become current (ROTATE_SQL's ``{busy_columns}``).
     busy_columns: str
     #: Those labels: the slot is empty when every one of them is 0.

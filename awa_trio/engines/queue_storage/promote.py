@@ -8,26 +8,24 @@ transaction lock, as every producer does), one ``ready_segments`` row per
 lane, the unique claim moved to the ``available`` state, and one NOTIFY on
 ``awa:<queue>`` per queue so idle awa workers wake at once.
 
-Upstream 0.6.1 ships each batch to the client and re-inserts it with 18 bind
-parameters per row: a 4096-row batch exceeds PostgreSQL's 65,535-parameter
-limit, so once more than about 3,640 jobs of one state are due together the
-promotion fails every tick and they are never promoted. Here a batch is
-three statements (pick, reserve, file: see the lane-order invariant below)
-whose rows never leave the server (only their ids and one row per lane do),
-so any burst promotes, 4096 rows at a time, at most 32 batches per state per
-tick, stopping at the first short batch.
+A batch shipped to the client and re-inserted with 18 bind parameters per
+row would exceed PostgreSQL's 65,535-parameter limit above about 3,640 rows
+(docs/differences.md). So a batch is three statements (pick, reserve, file:
+see the lane-order invariant below) whose rows never leave the server (only
+their ids and one row per lane do), so any burst promotes, 4096 rows at a
+time, at most 32 batches per state per tick, stopping at the first short
+batch.
 
 Rows whose ``payload`` is NULL (awa-pg's ``enqueue_many_copy``) move as they
-are; an empty payload is stored as NULL, as upstream stores it.
+are; an empty payload is stored as NULL, as Awa stores it.
 
 Unique claims: a job whose ``unique_states`` claim ``available`` but not its
 waiting state holds no claim while it waits, and cannot be promoted while
-another job holds the claim. Upstream raises, fails the whole batch, and so
-never promotes anything of that state again. Here such a job is left out of
-the batch and stays deferred until the holder releases the claim; a conflict
-that appears after the check (a race, or two due jobs sharing a key in one
-batch) makes that batch fall back to one statement per row, so one row never
-holds up the others.
+another job holds the claim. Such a job is left out of the batch and stays
+deferred until the holder releases the claim; a conflict that appears after
+the check (a race, or two due jobs sharing a key in one batch) makes that
+batch fall back to one statement per row, so one row never holds up the
+others.
 
 Concurrent writers, and what makes each pair safe:
 
@@ -91,7 +89,7 @@ LANE_CHECK_WINDOW = PROMOTE_BATCH_SIZE * PROMOTE_MAX_BATCHES_PER_TICK
 
 
 # A row "gains a claim" when its mask claims `available` but not its waiting
-# state, and "drops its claim" in the opposite case (as upstream's
+# state, and "drops its claim" in the opposite case (as Awa's
 # sync_unique_claim decides per row). {unique_key}: the row's key;
 # {claims_available} / {claims_waiting}: layout.mask_claims of its mask for
 # `available` / its waiting state.
@@ -110,7 +108,7 @@ def _claim_columns(row: str, state: str) -> dict[str, str]:
 
 
 # A batch is two statements in one transaction, in the order Awa's own
-# producers take their steps (awa.insert_job_compat and upstream's
+# producers take their steps (awa.insert_job_compat and Awa's
 # promote_due: unique claim and lane reservation, then the ring read):
 #
 #   PICK  due rows of unpaused queues whose unique claim (if they need one)
@@ -121,7 +119,7 @@ def _claim_columns(row: str, state: str) -> dict[str, str]:
 #         batch may wait for a producer. One row per lane comes back: its
 #         row count, job ids and first position. The shard is one rotor value
 #         (:shard_rotor) per batch modulo the queue's shard count (1 unless an operator
-#         raised it), as upstream picks one rotor shard per (queue, priority)
+#         raised it), as Awa's promotion picks one rotor shard per (queue, priority)
 #         for rows without an ordering key. A claim held by another job
 #         raises 23505 here and the batch goes row by row.
 #   FILE  the picked rows deleted from deferred_jobs and inserted as ready
@@ -406,7 +404,7 @@ MISSING_LANES_SQL = {
 }
 
 # Creating a lane, as producers do: under the lane's transaction lock (same
-# key as upstream's ensure_lane), the lane row, its enqueue and claim heads
+# key as Awa's ensure_lane), the lane row, its enqueue and claim heads
 # (their triggers create the lane sequences, never moving one backwards), then
 # the sequence names. :queues, :priorities, :shards (parallel arrays). The
 # lock key starts with the schema's name (:schema_name), as producers' does.

@@ -18,8 +18,8 @@ from typing import Any
 from ...sql import Fragment, Statement
 from .layout import TERMINAL_COUNTER_BUCKETS, schema_literal
 
-#: (upstream's blocker label, partitioned table) for every child of a queue
-#: slot, in upstream's order. The label is ``awa.ring.blocker`` when that
+#: (Awa's blocker label, partitioned table) for every child of a queue
+#: slot, in Awa's order. The label is ``awa.ring.blocker`` when that
 #: child keeps the rotation from moving on.
 QUEUE_SLOT_CHILDREN: tuple[tuple[str, str], ...] = (
     ("queue.ready_rows", "ready_entries"),
@@ -32,7 +32,7 @@ QUEUE_SLOT_CHILDREN: tuple[tuple[str, str], ...] = (
     ("queue.terminal_delta_rows", "queue_terminal_count_deltas"),
 )
 
-#: ``awa.ring.reason`` labels of upstream's queue prune gates, checked in this order.
+#: ``awa.ring.reason`` labels of Awa's queue prune gates, checked in this order.
 REASON_ACTIVE_LEASES = "queue.active_leases"
 REASON_PENDING_READY = "queue.pending_ready"
 REASON_UNCLOSED_CLAIM_REFS = "queue.unclosed_claim_refs"
@@ -76,7 +76,7 @@ def bind_slot(statement: Statement, schema: str, ring_slot: int, **values: Any) 
 
 
 #: One row, one boolean per child of the slot: does it hold any row?
-#: Presence only (``EXISTS``), as upstream: counting a hot child would cost a
+#: Presence only (``EXISTS``): counting a hot child would cost a
 #: scan per tick for a number nobody needs.
 CHILDREN_BUSY_SQL = Statement("""SELECT
         EXISTS (SELECT 1 FROM {ready_child}) AS "queue.ready_rows",
@@ -97,7 +97,7 @@ CHILDREN_BUSY_SQL = Statement("""SELECT
 READ_COMMITTED = "read_committed"
 
 # The ring-state row lock serialises rotate and prune with each other and
-# with any awa-pg leader doing the same (upstream takes the same row lock).
+# with any awa-pg leader doing the same (it takes the same row lock).
 LOCK_RING_STATE_SQL = Statement("""
     SELECT current_slot, generation, slot_count
     FROM {schema}.queue_ring_state
@@ -258,13 +258,12 @@ UNCLOSED_CLAIMS = Fragment("""(
              WHERE ready_slot = :slot AND ready_generation = :generation)
         )""")
 
-# Upstream's three skip gates, in one round trip (:slot, :generation):
+# Awa's three skip gates, in one round trip (:slot, :generation):
 # - leases still pointing at the slot's generation;
 # - ready rows at or ahead of their lane's claim cursor (not yet claimed), of
 #   any generation: TRUNCATE empties the whole child, so a row filed under
 #   another generation of this slot (only a writer that read the ring a lap
-#   ago could leave one) must block the prune, not vanish with it (upstream
-#   checks the slot's current generation only);
+#   ago could leave one) must block the prune, not vanish with it;
 # - receipt claims of the generation without as much closure evidence as
 #   claims (counted, not anti-joined: a mismatch is enough to make TRUNCATE
 #   unsafe, and the count stays cheap under a pinned MVCC horizon).
@@ -385,7 +384,7 @@ CARRY_COUNT_DELTAS_SQL = Statement(
 # (the children about to be truncated, every generation in them), not from
 # the live counters. Carried failed rows are still live, so they are left
 # out. Completed = done rows that are not failed (cancelled included, as
-# upstream) plus receipt completions without a tombstone. :floor = floor
+# Awa counts them) plus receipt completions without a tombstone. :floor = floor
 # seconds, :floor_on = whether the floor is on.
 FOLD_INTO_ROLLUPS_SQL = Statement("""
     WITH done_counts AS (

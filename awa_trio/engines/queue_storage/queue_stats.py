@@ -1,7 +1,7 @@
 """queue_stats (queue storage): ``awa.queue.depth`` per state, ``awa.queue.lag``
-and ``awa.job.dlq_depth`` from upstream's bounded head-signal reading.
+and ``awa.job.dlq_depth`` from Awa's bounded head-signal reading.
 
-Numbers as upstream's observability path computes them (awa-worker 0.6.1,
+Numbers as awa-worker's observability path computes them (awa-worker 0.6.1,
 ``publish_queue_storage_health_metrics``), so Awa dashboards read the same:
 
 * ``available``: the dispatcher's claim signal, ``sum(enqueue_seq -
@@ -9,9 +9,9 @@ Numbers as upstream's observability path computes them (awa-worker 0.6.1,
   of ready rows; an upper bound, since tombstoned or aborted reservations
   still count until claims move past them);
 * ``running``: lease rows plus open receipt claims that never materialised a
-  lease. Upstream counts lease rows only, and awa-pg's workers claim on the
-  fast receipt path, which writes no lease row: upstream's gauge shows 0
-  running while a Python fleet is busy. (Zero-deadline compact claim
+  lease. awa-pg's workers claim on the fast receipt path, which writes no
+  lease row: lease rows alone show 0 running while a Python fleet is busy
+  (docs/differences.md). (Zero-deadline compact claim
   batches, which awa-pg 0.6.1 does not write, are not expanded);
 * ``waiting_external``: lease rows;
 * ``scheduled`` / ``retryable``: ``deferred_jobs``;
@@ -22,9 +22,10 @@ Numbers as upstream's observability path computes them (awa-worker 0.6.1,
 
 **Never waiting on a prune.** A ring prune holds ACCESS EXCLUSIVE on one
 slot's child tables for its TRUNCATE (and queues for it behind readers).
-Upstream reads the ready, done and lease partitioned tables in one statement
-without a lock timeout; planning it takes ACCESS SHARE on every child, so its
-metrics wait behind every prune, and readers queued behind that wait too. Here the reading is four statements, each in its own
+Reading the ready, done and lease partitioned tables in one statement
+without a lock timeout would take ACCESS SHARE on every child while
+planning, so the metrics would wait behind every prune, and readers queued
+behind that wait too. So the reading is four statements, each in its own
 transaction with ``lock_timeout`` = :data:`RING_LOCK_TIMEOUT`:
 
 1. control tables a prune never locks (heads, ``queue_meta``,

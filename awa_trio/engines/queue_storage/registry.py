@@ -1,4 +1,4 @@
-"""The queue-storage engine's branch sets (upstream's queue-storage set, and
+"""The queue-storage engine's branch sets (Awa's queue-storage set, and
 the same set during a staged transition with the previous engine's drain
 folded in).
 

@@ -22,7 +22,7 @@ interval / 2)`` is spent. Each batch commits on its own, and its side
 effects (metrics, in-flight cancellation, follow-up jobs, events) run right
 after its commit, so a cancellation leaves every batch applied or untouched
 (a cancellation during a batch's side effects cuts them short, as a crash
-would: follow-ups are best-effort, as upstream).
+would: follow-ups are best-effort).
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ A job waiting for a callback is always a materialised ``leases`` row in
 max_attempts)``), or, when that attempt was its last, it fails for good: a
 ``failed`` done row, or straight into ``dlq_entries`` (reason
 ``callback_timeout``, metric ``awa.job.dlq_moved``) when
-``dlq_policy.enabled_for(queue)``. Upstream writes the failed row and then
-moves it in a second transaction; here it is one statement, so no reader
-ever sees the job failed-but-not-yet-dead-lettered. awa-pg cannot switch
+``dlq_policy.enabled_for(queue)``. That move is one statement, not a failed
+row moved by a second transaction, so no reader ever sees the job
+failed-but-not-yet-dead-lettered. awa-pg cannot switch
 the DLQ on from Python, so awa_trio's ``--dlq-enabled-default`` /
 ``--dlq-queue`` are how a Python fleet gets these moves.
 

@@ -99,7 +99,7 @@ _NOT_CLOSED_IN_LEDGERS = """NOT EXISTS (
     )"""
 NOT_CLOSED_IN_LEDGERS = Fragment(_NOT_CLOSED_IN_LEDGERS)
 
-# No closure evidence for one attempt, as upstream's readers and prune gates
+# No closure evidence for one attempt, as Awa's readers and prune gates
 # judge it: not closed in the ledgers, and no terminal, deferred or DLQ row
 # of the same (job_id, run_lease). Written as a conjunction of NOT EXISTS
 # (not NOT (a OR b ...)) so that the planner can turn each into an anti-join
@@ -126,7 +126,7 @@ STILL_OPEN = Fragment(
 )
 
 
-#: The worker's completion lock of one receipt attempt (upstream's key).
+#: The worker's completion lock of one receipt attempt: awa-pg's workers take this key.
 COMPLETION_LOCK_KEY = Fragment(
     "pg_catalog.hashtextextended(format('awa.receipt.complete:%s:%s', {job_id}, {run_lease}), 0)"
 )

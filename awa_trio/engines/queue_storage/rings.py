@@ -2,7 +2,7 @@
 tick shape "rotate, then prune, the prune gated by the tracker's backoff".
 
 Each ring module supplies ``rotate(ctx) -> RotateResult`` and
-``prune(ctx) -> PruneResult``; :func:`run_ring_tick` records upstream's
+``prune(ctx) -> PruneResult``; :func:`run_ring_tick` records Awa's ring
 metrics, reports prune outcomes to the tracker actor (which owns the backoff)
 and logs.
 """
@@ -45,7 +45,7 @@ class RingCursor:
 @dataclasses.dataclass(frozen=True)
 class RotateResult:
     """``rotated``: the cursor moved to ``slot`` at ``generation``. Otherwise
-    the next slot was still busy (``blockers``: upstream's blocker label, e.g.
+    the next slot was still busy (``blockers``: Awa's blocker label, e.g.
     ``queue.ready_rows``, to the row count found) or the compare-and-set lost
     a race (all counts zero)."""
 
@@ -92,7 +92,7 @@ async def run_ring_tick(
 ) -> RingTickResult:
     """Rotate, then prune unless backed off (never while rotation is waiting
     for that prune). A database error in rotate is logged and the prune still
-    runs, as upstream. The prune gets the cursor the rotation saw, so that an
+    runs. The prune gets the cursor the rotation saw, so that an
     idle ring's prune is one cheap statement."""
     result = RingTickResult()
     try:
@@ -107,7 +107,7 @@ async def run_ring_tick(
     if await ctx.tracker.should_skip_prune(branch):
         # Once the ring has lapped, the slot rotation needs next is the one
         # the prune empties: backing off the prune then stalls the ring for
-        # up to 2**5 ticks (upstream's 12-18 s stalls under load). The prune
+        # up to 2**5 ticks (12-18 s stalls under load). The prune
         # asks its gates before any exclusive lock, so trying it is cheap.
         if result.rotate is None or result.rotate.rotated:
             result.prune_backed_off = True

@@ -10,10 +10,10 @@ an explicit ``lease_claim_closures`` row for its (job_id, run_lease), or a
 A slot may be truncated only when every one of its claims is closed; the
 claim otherwise waits for completion or for the receipt rescues.
 
-Upstream proves this by comparing totals (claims = closures). Here the totals
-only short-cut the obvious case (more claims than closures: that many are
-open at least); when they balance, each claim is looked up in the ledgers,
-so an extra closure (a claim closed twice) can never hide an open claim.
+Equal totals (claims = closures) do not prove it: a claim closed twice can
+hide an open one. So the totals only short-cut the obvious case (more claims
+than closures: that many are open at least); when they balance, each claim
+is looked up in the ledgers.
 See :mod:`.lease_claim_rings` for the transaction shapes.
 """
 
@@ -40,7 +40,7 @@ CLAIM_CHILDREN = (
     "lease_claim_closure_batches",
 )
 
-#: Rows of the slot about to become current, by upstream's blocker label
+#: Rows of the slot about to become current, by Awa's blocker label
 #: (row-local and compact claims both count as ``claim.rows``).
 CLAIM_BUSY_COLUMNS = Fragment("""
         {claims}

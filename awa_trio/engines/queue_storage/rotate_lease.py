@@ -27,7 +27,7 @@ from .rings import LEASE_RING, PruneResult, RingCursor, RingTickResult, RotateRe
 
 NAME = "rotate_lease"
 
-#: Rows of the slot about to become current, by upstream's blocker label.
+#: Rows of the slot about to become current, by Awa's blocker label.
 LEASE_BUSY_COLUMNS = Fragment("""
     {lease_rows} AS "lease.rows"
 """)

@@ -4,19 +4,20 @@ The queue ring keeps ready, done, receipt and count-delta rows in one child
 table per slot. Rotation moves the enqueue cursor to the next slot once that
 slot is empty; prune empties the oldest sealed slot with TRUNCATE (no dead
 tuples), after proving nothing in it is still needed, so the ring can come
-round again. Upstream: ``QueueStorage::rotate`` / ``prune_oldest`` (v0.6.1).
+round again. Awa's counterparts: ``QueueStorage::rotate`` / ``prune_oldest``
+(v0.6.1).
 
-Deliberate differences from upstream:
+Choices to keep (docs/differences.md):
 
-* upstream copies every failed row inside the failed-retention floor into
-  the live slot once a lap (every slot_count - 1 rotations), even when the
-  ring has no traffic at all. Here a slot that holds nothing but such rows
-  is left alone while the live slot has received no work, and the ring parks
-  in front of it; an idle ring rewrites nothing. Rows past the floor by more
-  than one lap's time still make the prune run. Under traffic both rewrite
-  each row once a lap: the schema leaves no cheaper place for them (README);
-* a slot that is already empty is a Noop without locks (upstream truncates
-  it again, eight ACCESS EXCLUSIVE locks on hot partitions, every tick);
+* failed rows inside the failed-retention floor are copied into the live
+  slot once a lap (every slot_count - 1 rotations), but only under traffic:
+  a slot that holds nothing but such rows is left alone while the live slot
+  has received no work, and the ring parks in front of it; an idle ring
+  rewrites nothing. Rows past the floor by more than one lap's time still
+  make the prune run. Under traffic each row is rewritten once a lap: the
+  schema leaves no cheaper place for them (README);
+* a slot that is already empty is a Noop without locks (truncating it again
+  would take eight ACCESS EXCLUSIVE locks on hot partitions, every tick);
 * rotate and prune run READ COMMITTED whatever the database default, so the
   gates after the lock wait see what committed during it.
 
@@ -126,7 +127,7 @@ async def prune(
     ``details`` carries ``rewritten_rows`` (failed rows copied into the live
     slot: the write cost of keeping them inside the retention floor) and the
     terminal counts folded into the rollups. ``defer_idle_carry=False``
-    behaves as upstream (for measurements): carry even on an idle ring.
+    carries even on an idle ring, as Awa does (for measurements).
 
     With the ``cursor`` a rotation just saw, an oldest slot without a heap
     page (an idle ring's every tick) is a Noop after one statement outside

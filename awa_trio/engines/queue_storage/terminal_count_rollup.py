@@ -9,21 +9,20 @@ generation first) it sums the slot's deltas into
 ``queue_terminal_live_counts`` and empties the slot's delta child.
 
 Emptying uses TRUNCATE, which is not MVCC-safe: a reader whose snapshot
-predates the commit would see the folded deltas in neither table. So, as
-upstream, the rollup stands down while any other backend of this database
+predates the commit would see the folded deltas in neither table. So the
+rollup stands down while any other backend of this database
 pins the MVCC horizon (holds a snapshot, or sits idle in a transaction with
 an xid), and leaves alone the current slot and any slot that can still get
 new terminal rows: pending ready rows at or past a lane's claim cursor,
 active leases, claims not yet closed. It locks only the delta child, with a
 short lock_timeout (a held lock means Blocked, retried next tick).
 
-Differences from upstream: the horizon is checked again once the lock is
-held (upstream checks only before its lock wait and gates, so a snapshot
-taken meanwhile could still miss the folded rows); and upstream folds the
-slot's current generation, then truncates the whole child, so delta rows of
-any other generation left in it would vanish unfolded. Here the child is
-truncated only when it holds nothing else; otherwise only the folded
-generation's rows are deleted.
+The horizon is checked again once the lock is held: a snapshot taken
+during the lock wait and gates could still miss the folded rows. Only the
+slot's current generation is folded, so the child is truncated only when it
+holds nothing else (delta rows of another generation would vanish
+unfolded); otherwise only the folded generation's rows are deleted
+(docs/differences.md).
 
 Concurrent writers: completions and rescues append deltas to the slot of
 their attempt. A writer already in the delta child when the rollup asks
@@ -52,7 +51,7 @@ log = logging.getLogger(__name__)
 
 NAME = "terminal_count_rollup"
 MAX_SLOTS_PER_TICK = 4
-#: How long the rollup waits for the delta child's lock (upstream's prune lock timeout).
+#: How long the rollup waits for the delta child's lock (Awa's prune lock timeout).
 ROLLUP_LOCK_TIMEOUT = 0.010
 
 CURRENT_SLOT_SQL = Statement("SELECT current_slot FROM {schema}.queue_ring_state WHERE singleton")
@@ -188,7 +187,7 @@ class SlotOutcome(enum.Enum):
 
 @dataclasses.dataclass
 class RollupResult(BodyResult):
-    """Upstream's outcome counts, plus what happened to each slot tried."""
+    """Awa's outcome counts, plus what happened to each slot tried."""
 
     rolled_slots: int = 0
     delta_rows: int = 0
