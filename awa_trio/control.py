@@ -17,10 +17,14 @@ import trio
 
 from .db import Database, open_database
 from .leadership import CONTROL_CHANNEL, LOCK_KEY
+from .sql import Statement
 from .status import EXIT_NO_LEADER, LOCK_SESSIONS_SQL
 
 EXIT_OK, EXIT_FAILURE = 0, 1
 POLL_INTERVAL = 0.02
+
+#: Only the leader whose lock backend pid the payload names acts on it.
+RESIGN_NOTICE_SQL = Statement("SELECT pg_notify(:channel, 'resign ' || :holder_pid::integer)")
 
 
 async def lock_holder(db: Database) -> dict[str, Any] | None:
@@ -42,7 +46,7 @@ async def request_resign(database_url: str, timeout: float) -> int:
             print("no node holds the maintenance lock: nothing to resign", file=sys.stderr)
             return EXIT_NO_LEADER
         started = trio.current_time()
-        await db.execute("SELECT pg_notify($1, $2)", CONTROL_CHANNEL, f"resign {old['pid']}")
+        await db.execute(*RESIGN_NOTICE_SQL.bind(channel=CONTROL_CHANNEL, holder_pid=old["pid"]))
         released = False
         with trio.move_on_after(timeout):
             while True:

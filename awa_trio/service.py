@@ -56,8 +56,13 @@ from .schema import (
     SchemaInfo,
     check_schema,
 )
+from .sql import Statement
 from .term import LeaderTerm, run_leader_term
 from .term_outcome import term_outcome
+
+#: Session defaults a transaction-mode pooler would leave awa_trio unable to override.
+DEFAULT_ISOLATION_SQL = Statement("SHOW default_transaction_isolation")
+JIT_SQL = Statement("SHOW jit")
 
 log = logging.getLogger(__name__)
 
@@ -422,14 +427,14 @@ class MaintenanceService:
                 "(--lock-database-url, AWA_LOCK_DATABASE_URL) to a URL that reaches the server directly"
             )
         db.use_session_dsn(self.lock_database_url)
-        isolation = await db.fetchval("SHOW default_transaction_isolation")
+        isolation = await db.fetchval(*DEFAULT_ISOLATION_SQL.bind())
         if isolation != "read committed":
             raise ConfigError(
                 f"default_transaction_isolation is {isolation!r} behind a transaction-mode pooler, where "
                 "awa_trio cannot set it per session: set it to 'read committed' for the maintenance role "
                 "(ALTER ROLE ... SET default_transaction_isolation = 'read committed')"
             )
-        if await db.fetchval("SHOW jit") == "on":
+        if await db.fetchval(*JIT_SQL.bind()) == "on":
             log.warning(
                 "jit is on behind a transaction-mode pooler, where awa_trio cannot turn it off per "
                 "session; a queue-storage pass over every ring partition can take seconds to compile: "

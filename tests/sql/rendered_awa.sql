@@ -1,10 +1,14 @@
--- Every SQL statement of awa_trio (180 awa_trio.sql.Statement objects), rendered for the
+-- Every SQL statement of awa_trio (183 awa_trio.sql.Statement objects), rendered for the
 -- queue-storage schema awa: `python -m awa_trio sql --schema awa`.
 -- Parameters are shown as PostgreSQL receives them ($1, $2, ...), each header naming
 -- them in that order. Statements whose slots name the partitions of one ring slot are
 -- shown for slot 0 (of the lease ring where a statement serves both lease and
 -- claim rings); their header lists those identifiers. Indentation is trimmed and the
 -- closing ';' is added here; the text is otherwise what the code sends.
+
+-- awa_trio.control.RESIGN_NOTICE_SQL
+-- parameters: $1 :channel, $2 :holder_pid
+SELECT pg_notify($1, 'resign ' || $2::integer);
 
 -- awa_trio.cron.store.ATOMIC_ENQUEUE_SQL
 -- parameters: $1 :fire_time, $2 :name, $3 :previous_enqueued_at, $4 :fire_time_text
@@ -3884,6 +3888,12 @@ ON CONFLICT (instance_id) DO UPDATE SET
     queues = EXCLUDED.queues,
     queue_descriptor_hashes = EXCLUDED.queue_descriptor_hashes,
     job_kind_descriptor_hashes = EXCLUDED.job_kind_descriptor_hashes;
+
+-- awa_trio.service.DEFAULT_ISOLATION_SQL
+SHOW default_transaction_isolation;
+
+-- awa_trio.service.JIT_SQL
+SHOW jit;
 
 -- awa_trio.status.CRON_SQL
 SELECT name, cron_expr, timezone, kind, queue, last_enqueued_at, paused_at
