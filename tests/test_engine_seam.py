@@ -523,3 +523,46 @@ def test_the_transition_targets_are_the_engines_with_a_transition_variant():
     assert {engine.name for engine in engines.known_engines() if engine.drain_passes} == {
         states.draining_engine(MIXED)
     }
+
+
+def test_the_words_rescue_reasons_and_ring_examples_come_from_the_engines():
+    canonical, queue_storage = engines.engine_named("canonical"), engines.engine_named("queue_storage")
+    assert canonical.wording.describe_migrated(CANONICAL_STATE).startswith(
+        "it is on the canonical engine (state canonical). The first awa-pg runtime"
+    )
+    assert queue_storage.wording.describe_migrated(ACTIVE) == (
+        "queue storage is live (awa.storage_status(): engine queue_storage, state active)"
+    )
+    assert queue_storage.wording.describe_demo(MIXED).endswith(
+        "(awa.storage_status(): engine queue_storage, state mixed_transition); "
+        "awa_trio leads it with its queue-storage branches"
+    )
+    from awa_trio.demo import RESCUE_ERRORS
+    from awa_trio.engines.canonical import rescue_callbacks, rescue_deadlines, rescue_heartbeats
+    from awa_trio.engines.queue_storage import rescue_heartbeats as qs_rescue_heartbeats
+
+    assert RESCUE_ERRORS == {
+        rescue_heartbeats.RESCUE_ERROR: "heartbeat",
+        qs_rescue_heartbeats.RECEIPT_ERROR: "heartbeat",
+        rescue_deadlines.RESCUE_ERROR: "deadline",
+        rescue_callbacks.RESCUE_ERROR: "callback",
+    }
+    for engine in engines.known_engines():
+        assert set(engine.rescue_reasons().values()) == {"heartbeat", "deadline", "callback"}
+    # Only queue storage has ring statements; the catalog shows its slot 0.
+    assert canonical.sql_examples is None
+    from awa_trio.sql_catalog import EXAMPLE_SLOT, example_identifiers
+
+    assert example_identifiers("awa") == queue_storage.sql_examples("awa", EXAMPLE_SLOT)
+
+
+def test_the_runtime_vocabulary_is_the_maps():
+    from awa_trio import metrics, runtime_instance
+    from awa_trio.maintenance import queue_info
+
+    assert metrics.STORAGE_CAPABILITIES == ("canonical", "canonical_drain_only", "queue_storage")
+    assert runtime_instance.STORAGE_CAPABILITY == "queue_storage"
+    assert queue_info.FINALIZE_BLOCKERS == {39: ("canonical", "canonical_drain_only"), 40: ("canonical",)}
+    text = queue_info.INFO_SQL.render()
+    assert "status.prepared_engine = 'queue_storage'" in text
+    assert "transition_role = 'queue_storage_target' AND storage_capability = 'queue_storage'" in text
