@@ -48,7 +48,7 @@ from .cron import (
     split_periodic_job_lines,
 )
 from .db import DatabaseError, sole_exception
-from .engines import DEFAULT_ENGINE, ENGINE_CHOICES
+from .engines import DEFAULT_ENGINE, ENGINE_CHOICES, engine_for
 from .errors import AwaTrioError, ConfigError, UnsupportedSchema
 from .grants import DEFAULT_ROLE
 from .http_api import parse_address, parse_admin_address, prometheus_meter_provider
@@ -1000,14 +1000,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def describe_engine(info: SchemaInfo) -> str:
-    """Where ``migrate`` left the database, and what happens next."""
-    if info.runs_queue_storage:
-        return f"queue storage is live (awa.storage_status(): engine {info.engine}, state {info.state})"
-    return (
-        f"it is on the canonical engine (state {info.state}). The first awa-pg runtime started "
-        "with the default storage_transition_role='auto' switches a fresh install to queue "
-        "storage, Awa 0.6's default; `migrate --engine queue_storage` switches it now"
-    )
+    """Where ``migrate`` left the database, and what happens next (in the
+    words of the engine that leads it)."""
+    return engine_for(info).wording.describe_migrated(info)
 
 
 def _report(error: BaseException, url: str, as_json: bool = False) -> int:

@@ -28,9 +28,7 @@ import trio
 from .config import MaintenanceConfig
 from .cron import PeriodicJob
 from .db import open_database
-from .engines import DEFAULT_ENGINE, engine_for, engine_named
-from .engines.canonical import rescue_callbacks, rescue_deadlines, rescue_heartbeats
-from .engines.queue_storage import rescue_heartbeats as qs_rescue_heartbeats
+from .engines import DEFAULT_ENGINE, engine_for, engine_named, known_engines
 from .http_api import prometheus_meter_provider
 from .schema import SchemaInfo, read_schema
 from .service import MaintenanceService
@@ -66,12 +64,7 @@ JOBS_SQL = """
 #: What each rescue writes into the job's errors, in the statement that
 #: takes the attempt away (both engines): the one record in the database
 #: that says "the leader's rescue moved this attempt", with the moment.
-RESCUE_ERRORS = {
-    rescue_heartbeats.RESCUE_ERROR: "heartbeat",
-    qs_rescue_heartbeats.RECEIPT_ERROR: "heartbeat",
-    rescue_deadlines.RESCUE_ERROR: "deadline",
-    rescue_callbacks.RESCUE_ERROR: "callback",
-}
+RESCUE_ERRORS = {error: kind for engine in known_engines() for error, kind in engine.rescue_reasons().items()}
 #: The rescues of the demo's jobs, as their rows record them.
 RESCUES_SQL = """
     SELECT j.id, j.kind, entry->>'error' AS error, (entry->>'attempt')::int AS attempt,
@@ -128,19 +121,10 @@ class Narrator:
             return
         first = self.engine is None
         self.engine = now
-        if schema.runs_queue_storage:
-            text = (
-                f"the database runs on queue storage, Awa 0.6's default engine (awa.storage_status(): "
-                f"engine {schema.engine}, state {schema.state}); awa_trio leads it with its "
-                "queue-storage branches"
-            )
-        else:
-            text = (
-                f"the database runs on the canonical engine (awa.storage_status(): engine "
-                f"{schema.engine}, state {schema.state}); awa_trio leads it with its canonical branches"
-            )
+        leading = engine_for(schema)
+        text = leading.wording.describe_demo(schema)
         wanted = engine_named(asked)
-        if first and wanted.install is not None and engine_for(schema) is not wanted:
+        if first and wanted.install is not None and leading is not wanted:
             text += f" ({wanted.title} was asked for, but the switch did not happen)"
         say(text if first else f"storage changed: {text}")
 

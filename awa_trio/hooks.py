@@ -81,8 +81,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from .engines.states import job_label
-from .jobs import CANONICAL, ENGINES, JobRow
+from .engines.states import INITIAL_ENGINE, job_label
+from .jobs import ENGINES, JobRow
 
 if TYPE_CHECKING:
     from .config import MaintenanceConfig
@@ -219,7 +219,7 @@ class InFlightRegistry:
         self._tokens = itertools.count()
 
     def register(
-        self, job_id: int, run_lease: int, cancel: CancelCallback, *, engine: str = CANONICAL
+        self, job_id: int, run_lease: int, cancel: CancelCallback, *, engine: str = INITIAL_ENGINE
     ) -> InFlightRegistration:
         """Call ``cancel()`` if maintenance rescues or cancels this attempt."""
         if not callable(cancel):
@@ -232,7 +232,7 @@ class InFlightRegistry:
     def __contains__(self, key: tuple[int, int] | AttemptKey) -> bool:
         """``(job_id, run_lease)`` (canonical) or ``(engine, job_id, run_lease)``."""
         if len(key) == 2:
-            key = (CANONICAL, *key)
+            key = (INITIAL_ENGINE, *key)
         return key in self._callbacks
 
     def __len__(self) -> int:
@@ -247,7 +247,7 @@ class InFlightRegistry:
             del self._callbacks[key]
 
     def cancel(
-        self, job_id: int, run_lease: int, *, engine: str = CANONICAL, errors: list[str] | None = None
+        self, job_id: int, run_lease: int, *, engine: str = INITIAL_ENGINE, errors: list[str] | None = None
     ) -> bool:
         """Call every callback registered for this attempt; True if there was
         one. A failing callback is logged, and its line added to ``errors``."""

@@ -19,9 +19,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+# The engine names stay importable from here for callers outside the package.
 from .engines.states import CANONICAL as CANONICAL
+from .engines.states import INITIAL_ENGINE, SUPPORTED_ENGINES, job_label
 from .engines.states import QUEUE_STORAGE as QUEUE_STORAGE
-from .engines.states import SUPPORTED_ENGINES, job_label
 
 ENGINES = SUPPORTED_ENGINES
 
@@ -78,10 +79,11 @@ class JobRow:
     progress: Any
     #: Storage engine holding the job: :data:`CANONICAL` or :data:`QUEUE_STORAGE`.
     #: Ids are only unique within one engine.
-    engine: str = CANONICAL
+    #: Without one, the engine every database starts on.
+    engine: str = INITIAL_ENGINE
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any], *, engine: str = CANONICAL) -> JobRow:
+    def from_record(cls, record: Mapping[str, Any], *, engine: str = INITIAL_ENGINE) -> JobRow:
         """Build from a ``RETURNING *`` (or ``SELECT *``) record of a job table
         (or a record with the same columns)."""
         if engine not in ENGINES:

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from opentelemetry import metrics as otel_metrics
 
+from .engines import states
+
 METER_NAME = "awa"
 
 # Metric names (awa-metrics v0.6.1 `names`).
@@ -74,8 +76,9 @@ ATTR_STORAGE_CAPABILITY = "awa.storage.capability"
 #: awa.storage.transition_ready's actions.
 ACTION_ENTER_MIXED_TRANSITION = "enter_mixed_transition"
 ACTION_FINALIZE = "finalize"
-#: Capabilities awa.storage.live_runtime_capability always reports (0 when none).
-STORAGE_CAPABILITIES = ("canonical", "canonical_drain_only", "queue_storage")
+#: Capabilities awa.storage.live_runtime_capability always reports (0 when
+#: none): Awa's runtime vocabulary, kept with the state-to-engine map.
+STORAGE_CAPABILITIES = states.STORAGE_CAPABILITIES
 #: Phases of awa.maintenance.prune.duration, in the order they run.
 PRUNE_PHASES = ("lock", "truncate", "commit")
 

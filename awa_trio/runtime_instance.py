@@ -44,7 +44,7 @@ from typing import Any
 import trio
 
 from .db import Connection, Database, DatabaseError, QueryError, describe_error
-from .engines.states import STATE_CANONICAL, STATE_MIXED_TRANSITION
+from .engines.states import LEADER_CAPABILITY, STATE_CANONICAL, STATE_MIXED_TRANSITION
 from .leadership import LeadershipState
 from .sql import Statement
 from .version import __version__
@@ -60,7 +60,7 @@ AWA_CONTRACT_VERSION = "0.6.9"
 #: What marks awa_trio's rows: the semver build metadata of ``version``.
 BUILD_TAG = "awa-trio"
 #: The capability and transition role awa_trio's row reports (see the module docstring).
-STORAGE_CAPABILITY = "queue_storage"
+STORAGE_CAPABILITY = LEADER_CAPABILITY
 TRANSITION_ROLE = "auto"
 #: A missing table, function or schema: no awa schema to register in.
 MISSING_OBJECT_SQLSTATES = ("42P01", "42883", "3F000")

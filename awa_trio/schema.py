@@ -13,11 +13,14 @@ import trio
 
 from .db import Database, QueryError, open_database
 from .engines import states
+from .engines.states import ENTER_MIXED_BLOCKERS as ENTER_MIXED_BLOCKERS
+from .engines.states import FINALIZE_BLOCKERS as FINALIZE_BLOCKERS
 from .engines.states import INITIAL_ENGINE as INITIAL_ENGINE
 from .engines.states import STATE_ACTIVE as STATE_ACTIVE
 from .engines.states import STATE_CANONICAL as STATE_CANONICAL
 from .engines.states import STATE_MIXED_TRANSITION as STATE_MIXED_TRANSITION
 from .engines.states import STATE_PREPARED as STATE_PREPARED
+from .engines.states import STORAGE_REPORT_LITERALS as STORAGE_REPORT_LITERALS
 from .engines.states import SUPPORTED_ENGINES as SUPPORTED_ENGINES
 from .engines.states import accepts_transition as accepts_transition
 from .errors import AwaTrioError, UnsupportedSchema

@@ -128,29 +128,17 @@ def statements() -> list[Entry]:
 
 def example_identifiers(schema: str) -> dict[str, dict[str, str]]:
     """The identifiers shown for statements whose slots name partitions of a
-    ring slot, by module (``""``: any module): those of :data:`EXAMPLE_SLOT`,
-    as the ring code binds them, and the lease ring where a statement serves
-    both the lease and the claim ring."""
-    from .engines.queue_storage import queue_ring
-    from .engines.queue_storage.layout import schema_literal
-    from .engines.queue_storage.rotate_claim import CLAIM_RING_TABLES
-    from .engines.queue_storage.rotate_lease import LEASE_RING_TABLES
+    ring slot, by module (``""``: any module): each engine's own, for
+    :data:`EXAMPLE_SLOT` (``Engine.sql_examples``)."""
+    from .engines import known_engines
 
-    common = {
-        "schema_literal": schema_literal(schema),
-        "slot": str(EXAMPLE_SLOT),
-        "ring": LEASE_RING_TABLES.ring,
-    }
-    common.update(queue_ring.child_placeholders(schema, EXAMPLE_SLOT))
-    for tables in (LEASE_RING_TABLES, CLAIM_RING_TABLES):
-        common.update(zip(tables.children, tables.child_tables(schema, EXAMPLE_SLOT), strict=True))
-    return {
-        "": common,
-        queue_ring.__name__: {"children": ", ".join(queue_ring.slot_children(schema, EXAMPLE_SLOT))},
-        LEASE_RING_TABLES.__module__: {
-            "children": ", ".join(LEASE_RING_TABLES.child_tables(schema, EXAMPLE_SLOT))
-        },
-    }
+    examples: dict[str, dict[str, str]] = {"": {}}
+    for engine in known_engines():
+        if engine.sql_examples is None:
+            continue
+        for module, identifiers in engine.sql_examples(schema, EXAMPLE_SLOT).items():
+            examples.setdefault(module, {}).update(identifiers)
+    return examples
 
 
 def _layout(text: str) -> str:

@@ -15,7 +15,7 @@ from awa_trio.branch import BranchSpec, run_body
 from awa_trio.config import MaintenanceConfig
 from awa_trio.db import QueryError
 from awa_trio.engines.canonical import promote
-from awa_trio.maintenance.planes import PlaneResults, both_planes
+from awa_trio.engines.queue_storage.planes import PlaneResults, both_planes
 from awa_trio.sql import Statement
 
 log = logging.getLogger("awa_trio.test_branch_health")

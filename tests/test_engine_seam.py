@@ -18,10 +18,31 @@ package is allowed):
 
 Not counted: the ``STATE_*`` transition-state constants (the state
 ``canonical`` shares its spelling with the engine: compare states through
-those constants, never a bare literal), engine names used as data (a default
-argument, a dict key, a runtime capability string, SQL text), and membership
-in the whole list of engines (``SUPPORTED_ENGINES``: "is it known" names no
-engine).
+those constants, never a bare literal), and membership in the whole list of
+engines (``SUPPORTED_ENGINES``: "is it known" names no engine).
+
+Three more scans name an engine however it is used, outside
+``awa_trio/engines/``:
+
+* a string literal in code (docstrings and comments are prose, and SQL
+  text is one literal, not equal to a name) equal to an engine name or a
+  value of Awa's runtime vocabulary (the ``storage_capability`` values and
+  the transition target's ``transition_role``, kept in
+  :mod:`awa_trio.engines.states`): ``"canonical"``, ``"queue_storage"``,
+  ``"canonical_drain_only"``, ``"queue_storage_target"``. SQL that compares
+  with one takes it from ``states.STORAGE_REPORT_LITERALS``;
+* an import of one engine's package or modules (``awa_trio.engines.canonical``,
+  ``awa_trio.engines.queue_storage``, any engine package): ask
+  :mod:`awa_trio.engines` for the engine object instead. ``sql_catalog``
+  imports every module by walking the package, with no import statement;
+* an identifier spelled after an engine: the constants ``CANONICAL`` and
+  ``QUEUE_STORAGE``, the ``SchemaInfo`` properties ``runs_queue_storage``
+  and ``in_mixed_transition``, an attribute or field named ``canonical`` or
+  ``queue_storage``. Allowed, in :data:`COMPATIBILITY_NAMES`, are only the
+  re-exports that keep these names importable for tests and embedding code
+  (``awa_trio.schema.CANONICAL``, ``awa_trio.jobs.QUEUE_STORAGE``,
+  ``SchemaInfo.runs_queue_storage`` ...): a re-export defines the name once
+  and no module of the package uses it.
 """
 
 from __future__ import annotations
@@ -51,9 +72,33 @@ ROOT = PACKAGE.parent
 ENGINE_NAMES = frozenset(engines.SUPPORTED_ENGINES)
 ENGINE_NAME_CONSTANTS = frozenset(
     name
-    for name, value in vars(engines).items()
+    for module in (engines, states)
+    for name, value in vars(module).items()
     if name.isupper() and not name.startswith("STATE_") and isinstance(value, str) and value in ENGINE_NAMES
 )
+#: Engine names and Awa's runtime vocabulary: no string literal outside the engines equals one.
+ENGINE_VOCABULARY = ENGINE_NAMES | frozenset(states.STORAGE_CAPABILITIES) | {states.TARGET_ROLE}
+#: The engine packages (each directory of awa_trio/engines holding a package).
+ENGINE_PACKAGES = frozenset(
+    f"awa_trio.engines.{path.parent.name}" for path in (PACKAGE / "engines").glob("*/__init__.py")
+)
+#: Identifiers spelled after an engine.
+ENGINE_SPELLED = (
+    frozenset({"CANONICAL", "QUEUE_STORAGE", "runs_queue_storage", "in_mixed_transition"}) | ENGINE_NAMES
+)
+#: (file, identifier): the re-exports kept for callers outside the package,
+#: and why; there the name may only be defined (imported, assigned, a
+#: ``def``), not used.
+COMPATIBILITY_NAMES = {
+    # Engine names, importable where tests and applications found them.
+    ("awa_trio/schema.py", "CANONICAL"),
+    ("awa_trio/schema.py", "QUEUE_STORAGE"),
+    ("awa_trio/jobs.py", "CANONICAL"),
+    ("awa_trio/jobs.py", "QUEUE_STORAGE"),
+    # SchemaInfo's properties, defined by asking engines/states.py.
+    ("awa_trio/schema.py", "runs_queue_storage"),
+    ("awa_trio/schema.py", "in_mixed_transition"),
+}
 COMPARISONS = (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)
 
 
@@ -84,6 +129,96 @@ def engine_name_comparisons(source: str, filename: str = "<snippet>") -> list[st
     return found
 
 
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string statements (docstrings, attribute docs) in ``tree``."""
+    return {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    }
+
+
+def engine_name_literals(source: str, filename: str = "<snippet>") -> list[str]:
+    """``file:line: literal`` of each string literal in code that equals an
+    engine name or runtime-vocabulary value."""
+    tree = ast.parse(source, filename)
+    prose = _docstrings(tree)
+    return [
+        f"{filename}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in ENGINE_VOCABULARY and id(node) not in prose
+    ]
+
+
+def _imported_modules(node: ast.AST, package: str) -> list[str]:
+    """The modules an import statement names (relative ones resolved
+    against ``package``), each ``from`` name taken as a possible module."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level:
+        parts = package.split(".")
+        base = ".".join(parts[: len(parts) - (node.level - 1)])
+        target = f"{base}.{node.module}" if node.module else base
+    else:
+        target = node.module or ""
+    return [target, *(f"{target}.{alias.name}" for alias in node.names)]
+
+
+def engine_imports(source: str, filename: str = "<snippet>", package: str = "awa_trio") -> list[str]:
+    """``file:line: statement`` of each import of an engine package's modules."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        modules = _imported_modules(node, package)
+        if any(
+            module == pkg or module.startswith(pkg + ".") for module in modules for pkg in ENGINE_PACKAGES
+        ):
+            found.append(f"{filename}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def engine_spelled_names(source: str, filename: str = "<snippet>") -> list[tuple[str, str, bool]]:
+    """(``file:line: name``, identifier, re-exports) of each identifier
+    spelled after an engine; re-exports: the occurrence only defines the
+    name from the state-to-engine map (an import, an assignment target, a
+    ``def``, a read of ``states.<name>``), never uses it."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Name):
+            names, defines = [node.id], isinstance(node.ctx, ast.Store)
+        elif isinstance(node, ast.Attribute):
+            from_map = isinstance(node.value, ast.Name) and node.value.id == "states"
+            names, defines = [node.attr], from_map
+        elif isinstance(node, ast.alias):
+            names, defines = [node.asname or node.name.rpartition(".")[2], node.name.rpartition(".")[2]], True
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names, defines = [node.name], True
+        elif isinstance(node, ast.keyword) and node.arg:
+            names, defines = [node.arg], False
+        else:
+            continue
+        for name in sorted(set(names) & ENGINE_SPELLED):
+            line = getattr(node, "lineno", "?")
+            found.append((f"{filename}:{line}: {name}", name, defines))
+    return found
+
+
+def _package_outside_the_engines() -> list[pathlib.Path]:
+    scanned = [
+        path for path in sorted(PACKAGE.rglob("*.py")) if "engines" not in path.relative_to(PACKAGE).parts
+    ]
+    assert len(scanned) > 40  # the scan reaches the package, not an empty directory
+    return scanned
+
+
+def _package_of(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
+
+
 def test_the_scan_flags_engine_name_comparisons_and_nothing_else():
     offending = """
 if info.engine == "canonical":
@@ -110,14 +245,96 @@ leader = engine_for(info) is engine_named(name)
 
 
 def test_no_module_outside_the_engines_compares_engine_names():
-    scanned = [
-        path for path in sorted(PACKAGE.rglob("*.py")) if "engines" not in path.relative_to(PACKAGE).parts
-    ]
-    assert len(scanned) > 40  # the scan reaches the package, not an empty directory
+    scanned = _package_outside_the_engines()
     found = [
         hit
         for path in scanned
         for hit in engine_name_comparisons(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert found == [], "ask the engine object (awa_trio.engines) instead:\n" + "\n".join(found)
+
+
+def test_the_scans_flag_engine_literals_imports_and_spelled_names():
+    literals = """
+\"\"\"A docstring may say "canonical" and 'queue_storage'.\"\"\"
+STORAGE_CAPABILITY = "queue_storage"
+CAPABILITIES = ("canonical", "canonical_drain_only")
+live["canonical"] == 0
+role = f"{x}" + "queue_storage_target"
+def f():
+    "queue_storage"
+    return "queue_storage"
+"""
+    assert len(engine_name_literals(literals)) == 6
+    assert (
+        engine_name_literals("""
+text = "SELECT 1 WHERE active_engine = {target_engine}"
+state = STATE_CANONICAL
+label = "queue storage"
+""")
+        == []
+    )
+    imports = """
+from .engines.canonical import rescue_heartbeats
+from .engines import queue_storage
+from awa_trio.engines.queue_storage.rotate_lease import LEASE_RING_TABLES
+import awa_trio.engines.canonical.engine
+from ..engines.queue_storage.layout import schema_literal
+"""
+    assert len(engine_imports(imports, package="awa_trio")) == 4
+    assert len(engine_imports(imports, package="awa_trio.maintenance")) == 3  # the last three
+    assert (
+        engine_imports("""
+from .engines import engine_for, states
+from .engines.states import INITIAL_ENGINE
+from .engines.base import Engine
+""")
+        == []
+    )
+    spelled = """
+from .schema import CANONICAL
+from .engines.states import QUEUE_STORAGE as QS
+if info.runs_queue_storage or schema.in_mixed_transition:
+    result.canonical = None
+PlaneResults(queue_storage=None)
+"""
+    assert sorted(name for _, name, _ in engine_spelled_names(spelled)) == [
+        "CANONICAL", "QUEUE_STORAGE", "canonical", "in_mixed_transition", "queue_storage", "runs_queue_storage",
+    ]  # fmt: skip
+    assert engine_spelled_names("engine = INITIAL_ENGINE\nschema = info.queue_storage_schema\n") == []
+    # A listed re-export may define the name, never use it.
+    re_export = "CANONICAL = states.CANONICAL\ndef f(engine=CANONICAL): ...\n"
+    assert [defines for _, _, defines in engine_spelled_names(re_export)] == [True, True, False]
+    assert "canonical" in ENGINE_VOCABULARY and "canonical_drain_only" in ENGINE_VOCABULARY
+    assert {"awa_trio.engines.canonical", "awa_trio.engines.queue_storage"} == ENGINE_PACKAGES
+
+
+def test_no_module_outside_the_engines_spells_an_engine_literal():
+    found = [
+        hit
+        for path in _package_outside_the_engines()
+        for hit in engine_name_literals(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert found == [], "take the value from the engine object or awa_trio.engines.states:\n" + "\n".join(
+        found
+    )
+
+
+def test_no_module_outside_the_engines_imports_an_engine_package():
+    found = [
+        hit
+        for path in _package_outside_the_engines()
+        for hit in engine_imports(path.read_text(), str(path.relative_to(ROOT)), _package_of(path))
+    ]
+    assert found == [], "ask awa_trio.engines for the engine object instead:\n" + "\n".join(found)
+
+
+def test_no_module_outside_the_engines_names_an_engine_but_the_listed_re_exports():
+    found = [
+        hit
+        for path in _package_outside_the_engines()
+        for hit, name, defines in engine_spelled_names(path.read_text(), str(path.relative_to(ROOT)))
+        if not (defines and (path.relative_to(ROOT).as_posix(), name) in COMPATIBILITY_NAMES)
     ]
     assert found == [], "ask the engine object (awa_trio.engines) instead:\n" + "\n".join(found)
 
@@ -306,3 +523,46 @@ def test_the_transition_targets_are_the_engines_with_a_transition_variant():
     assert {engine.name for engine in engines.known_engines() if engine.drain_passes} == {
         states.draining_engine(MIXED)
     }
+
+
+def test_the_words_rescue_reasons_and_ring_examples_come_from_the_engines():
+    canonical, queue_storage = engines.engine_named("canonical"), engines.engine_named("queue_storage")
+    assert canonical.wording.describe_migrated(CANONICAL_STATE).startswith(
+        "it is on the canonical engine (state canonical). The first awa-pg runtime"
+    )
+    assert queue_storage.wording.describe_migrated(ACTIVE) == (
+        "queue storage is live (awa.storage_status(): engine queue_storage, state active)"
+    )
+    assert queue_storage.wording.describe_demo(MIXED).endswith(
+        "(awa.storage_status(): engine queue_storage, state mixed_transition); "
+        "awa_trio leads it with its queue-storage branches"
+    )
+    from awa_trio.demo import RESCUE_ERRORS
+    from awa_trio.engines.canonical import rescue_callbacks, rescue_deadlines, rescue_heartbeats
+    from awa_trio.engines.queue_storage import rescue_heartbeats as qs_rescue_heartbeats
+
+    assert RESCUE_ERRORS == {
+        rescue_heartbeats.RESCUE_ERROR: "heartbeat",
+        qs_rescue_heartbeats.RECEIPT_ERROR: "heartbeat",
+        rescue_deadlines.RESCUE_ERROR: "deadline",
+        rescue_callbacks.RESCUE_ERROR: "callback",
+    }
+    for engine in engines.known_engines():
+        assert set(engine.rescue_reasons().values()) == {"heartbeat", "deadline", "callback"}
+    # Only queue storage has ring statements; the catalog shows its slot 0.
+    assert canonical.sql_examples is None
+    from awa_trio.sql_catalog import EXAMPLE_SLOT, example_identifiers
+
+    assert example_identifiers("awa") == queue_storage.sql_examples("awa", EXAMPLE_SLOT)
+
+
+def test_the_runtime_vocabulary_is_the_maps():
+    from awa_trio import metrics, runtime_instance
+    from awa_trio.maintenance import queue_info
+
+    assert metrics.STORAGE_CAPABILITIES == ("canonical", "canonical_drain_only", "queue_storage")
+    assert runtime_instance.STORAGE_CAPABILITY == "queue_storage"
+    assert queue_info.FINALIZE_BLOCKERS == {39: ("canonical", "canonical_drain_only"), 40: ("canonical",)}
+    text = queue_info.INFO_SQL.render()
+    assert "status.prepared_engine = 'queue_storage'" in text
+    assert "transition_role = 'queue_storage_target' AND storage_capability = 'queue_storage'" in text

@@ -331,7 +331,7 @@ async def test_a_running_leader_fires_each_second_with_an_eval_tick_of_a_minute(
 def test_a_mixed_transition_wakes_at_the_earlier_plane():
     """During a staged transition promotion serves both planes in one body,
     whose result holds one PromoteResult per plane (None: that plane failed)."""
-    from awa_trio.maintenance.planes import PlaneResults
+    from awa_trio.engines.queue_storage.planes import PlaneResults
     from awa_trio.maintenance.promotion import PromoteResult
     from awa_trio.registry import default_branches
     from awa_trio.schema import QUEUE_STORAGE, SchemaInfo

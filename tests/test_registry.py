@@ -25,9 +25,9 @@ from awa_trio.engines.canonical import (
     rescue_heartbeats,
 )
 from awa_trio.engines.canonical.registry import canonical_branches
+from awa_trio.engines.queue_storage.planes import PlaneResults, both_planes
 from awa_trio.engines.queue_storage.registry import DRAIN_FOLDED_INTO as CANONICAL_DRAIN
 from awa_trio.engines.queue_storage.registry import queue_storage_branches
-from awa_trio.maintenance.planes import PlaneResults, both_planes
 from awa_trio.registry import default_branches
 from awa_trio.schema import CANONICAL, QUEUE_STORAGE, SchemaInfo
 

@@ -17,11 +17,12 @@ lacks.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AwaTrioError
 from ..sql import Statement
+from .states import StorageState
 
 if TYPE_CHECKING:
     from ..branch import BranchSpec
@@ -148,6 +149,26 @@ class DrainPasses:
     report: Callable[[MaintenanceConfig], BranchSpec]
 
 
+# --- messages --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Wording:
+    """How messages speak of a database this engine leads: templates whose
+    ``{engine}`` and ``{state}`` are ``awa.storage_status()``'s."""
+
+    #: After ``migrate``: where the database is and what happens next.
+    migrated: str
+    #: The demo's line on the storage it runs on.
+    demo: str
+
+    def describe_migrated(self, info: StorageState) -> str:
+        return self.migrated.format(engine=info.engine, state=info.state)
+
+    def describe_demo(self, info: StorageState) -> str:
+        return self.demo.format(engine=info.engine, state=info.state)
+
+
 # --- the engine ------------------------------------------------------------------------------
 
 
@@ -185,6 +206,17 @@ class Engine:
     #: The ``storage_transition_role`` an awa-pg runtime takes to keep a
     #: database on this engine (the demo's workers).
     worker_role: str
+    #: How messages speak of a database it leads (``migrate``, the demo).
+    wording: Wording
+    #: ``() -> {error text: kind}``: the error entry each of its rescues
+    #: writes into a job's errors, and which rescue it is (``heartbeat``,
+    #: ``deadline``, ``callback``), for the demo's narration (loads the
+    #: rescue modules).
+    rescue_reasons: Callable[[], Mapping[str, str]]
+    #: ``(schema, slot) -> {module or "": {slot name: identifier}}``: the
+    #: identifiers ``python -m awa_trio sql`` shows for its statements whose
+    #: slots name the partitions of one ring slot; None: it has none.
+    sql_examples: Callable[[str, int], dict[str, dict[str, str]]] | None
 
     def __post_init__(self) -> None:
         check_engine(self)
@@ -206,10 +238,13 @@ ENGINE_PIECES: tuple[tuple[str, str], ...] = (
     ("uses_storage_schema", "whether its tables live in the schema storage_status() names"),
     ("install", "how migrate --engine switches a fresh install to it, or None"),
     ("worker_role", "the storage_transition_role an awa-pg runtime takes to stay on it"),
+    ("wording", "how migrate and the demo describe a database it leads (Wording)"),
+    ("rescue_reasons", "() -> {error text: rescue kind} of its rescues, for the demo's narration"),
+    ("sql_examples", "the ring identifiers `awa_trio sql` shows for its slot statements, or None"),
 )
 
 #: The type each piece must have (None allowed where the checklist says so).
-_OPTIONAL = {"transition_branches", "drain_passes", "install"}
+_OPTIONAL = {"transition_branches", "drain_passes", "install", "sql_examples"}
 _KINDS: dict[str, tuple[type, ...] | str] = {
     "name": (str,),
     "title": (str,),
@@ -222,6 +257,9 @@ _KINDS: dict[str, tuple[type, ...] | str] = {
     "uses_storage_schema": (bool,),
     "install": "callable",
     "worker_role": (str,),
+    "wording": (Wording,),
+    "rescue_reasons": "callable",
+    "sql_examples": "callable",
 }
 
 

@@ -30,6 +30,45 @@ ENGINE_CHOICES = (DEFAULT_ENGINE, *(name for name in SUPPORTED_ENGINES if name !
 #: its branch set; the tests hold the two lists together).
 TRANSITION_TARGETS = (QUEUE_STORAGE,)
 
+# --- Awa's runtime vocabulary (awa.runtime_instances) ---------------------------------------
+# Each runtime row says which storage it can serve (storage_capability) and
+# its part in a staged transition (transition_role); the transition gates
+# count live rows by these values, so they name engines too.
+
+#: ``storage_capability`` values.
+CAPABILITY_CANONICAL = "canonical"
+CAPABILITY_CANONICAL_DRAIN_ONLY = "canonical_drain_only"
+CAPABILITY_QUEUE_STORAGE = "queue_storage"
+#: Capabilities awa.storage.live_runtime_capability always reports (0 when none).
+STORAGE_CAPABILITIES = (CAPABILITY_CANONICAL, CAPABILITY_CANONICAL_DRAIN_ONLY, CAPABILITY_QUEUE_STORAGE)
+#: The capability awa_trio's own runtime row reports: a leader that follows
+#: every state, so no transition gate waits for it.
+LEADER_CAPABILITY = CAPABILITY_QUEUE_STORAGE
+#: The ``transition_role`` and capability of a runtime ready to serve the
+#: transition target: entering mixed transition needs one live.
+TARGET_ROLE = "queue_storage_target"
+TARGET_CAPABILITY = CAPABILITY_QUEUE_STORAGE
+#: Capabilities whose live runtimes keep the prepared state from entering
+#: mixed transition (they would keep writing to the engine being left).
+ENTER_MIXED_BLOCKERS = (CAPABILITY_CANONICAL,)
+#: Runtime capabilities whose live snapshots keep awa.storage_finalize()
+#: waiting, by schema version: schema 40 (Awa 0.6.2+) lets drained drain-only
+#: runtimes stay up through finalize.
+FINALIZE_BLOCKERS = {
+    39: (CAPABILITY_CANONICAL, CAPABILITY_CANONICAL_DRAIN_ONLY),
+    40: (CAPABILITY_CANONICAL,),
+}
+#: The storage report's SQL literals for the values above (slots of
+#: :data:`awa_trio.maintenance.queue_info.INFO_SQL`): the engine a staged
+#: transition leads into, and the role and capability of its runtimes. The
+#: report compares with one target: a second one fails here, at import.
+(_TARGET_ENGINE,) = TRANSITION_TARGETS
+STORAGE_REPORT_LITERALS = {
+    "target_engine": f"'{_TARGET_ENGINE}'",
+    "target_role": f"'{TARGET_ROLE}'",
+    "target_capability": f"'{TARGET_CAPABILITY}'",
+}
+
 
 class StorageState(Protocol):
     """What ``awa.storage_status()`` says (a :class:`~awa_trio.schema.SchemaInfo`)."""

@@ -1,5 +1,10 @@
-"""One branch body serving both planes of a staged transition (queue
-storage and the canonical rows still draining)."""
+"""One branch body serving every plane of a staged transition (the engine
+it leads into and the rows still draining from the one it leaves).
+
+The planes are an engine's business: an engine that runs a transition
+declares its result as a :class:`Planes` subclass whose fields (after the
+errors) are its planes, in the order their passes run, each named as its
+log lines name the plane."""
 
 from __future__ import annotations
 
@@ -18,26 +23,37 @@ RunOnce = Callable[[MaintenanceContext], Awaitable[Any]]
 
 
 @dataclasses.dataclass
-class PlaneResults(BodyResult):
-    """What one both-planes pass did on each plane (None: that plane
-    failed). Its errors are both planes', in the order they came: a plane's
-    failure, or the errors its pass went on past."""
+class Planes(BodyResult):
+    """What one pass over every plane did on each (None: that plane
+    failed). Its errors are every plane's, in the order they came: a
+    plane's failure, or the errors its pass went on past."""
 
-    queue_storage: Any
-    canonical: Any
+    @classmethod
+    def plane_names(cls) -> tuple[str, ...]:
+        """The planes, in the order their passes run."""
+        base = {field.name for field in dataclasses.fields(BodyResult)}
+        return tuple(field.name for field in dataclasses.fields(cls) if field.name not in base)
+
+    def results(self) -> tuple[Any, ...]:
+        """Each plane's result, in :meth:`plane_names` order."""
+        return tuple(getattr(self, name) for name in self.plane_names())
 
 
-def both_planes(name: str, queue_storage_pass: RunOnce, canonical_pass: RunOnce) -> RunOnce:
-    """One body that serves both planes. Each plane gets its pass whatever
-    the other one did: a database error is logged with the plane and the
-    branch goes on (raised only when both planes failed); any other exception
-    (a bug) is raised after the other plane has run, for the supervisor."""
+def serve_planes(name: str, result_type: type[Planes], *passes: RunOnce) -> RunOnce:
+    """One body that serves every plane of ``result_type``, one pass each
+    (in its order). Each plane gets its pass whatever the others did: a
+    database error is logged with the plane and the branch goes on (raised
+    only when every plane failed); any other exception (a bug) is raised
+    after the other planes have run, for the supervisor."""
+    planes = result_type.plane_names()
+    if len(planes) != len(passes):
+        raise TypeError(f"{result_type.__name__} has planes {planes}: give one pass each")
 
-    async def run_once(ctx: MaintenanceContext) -> PlaneResults:
-        result = PlaneResults(queue_storage=None, canonical=None)
+    async def run_once(ctx: MaintenanceContext) -> Planes:
+        result = result_type(*(None for _ in planes))
         database_errors: list[DatabaseError] = []
         bug: Exception | None = None
-        for plane, body in (("queue_storage", queue_storage_pass), ("canonical", canonical_pass)):
+        for plane, body in zip(planes, passes, strict=True):
             try:
                 outcome = await body(ctx)
             except DatabaseError as exc:
@@ -50,7 +66,7 @@ def both_planes(name: str, queue_storage_pass: RunOnce, canonical_pass: RunOnce)
                 result.errors += errors_of(outcome)
         if bug is not None:
             raise bug
-        if len(database_errors) == 2:
+        if len(database_errors) == len(planes):
             raise database_errors[0]
         return result
 

@@ -20,7 +20,7 @@ from ..body import BodyResult
 from ..context import MaintenanceContext
 from ..db import ConnectionLost, Database, DatabaseError, LockTimeout, UniqueViolation, describe_error
 from ..jobs import JobRow
-from .planes import PlaneResults
+from .planes import Planes
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +105,9 @@ def next_due_at(result: object) -> float | None:
     earlier of the two."""
     if isinstance(result, PromoteResult):
         return result.next_due_at
-    if not isinstance(result, PlaneResults):
+    if not isinstance(result, Planes):
         return None
-    planes = (result.queue_storage, result.canonical)
-    times = [plane.next_due_at for plane in planes if isinstance(plane, PromoteResult)]
+    times = [plane.next_due_at for plane in result.results() if isinstance(plane, PromoteResult)]
     return min((time for time in times if time is not None), default=None)
 
 

@@ -53,22 +53,21 @@ from typing import Any
 
 from ..context import MaintenanceContext
 from ..metrics import STORAGE_CAPABILITIES, InfoSnapshot
+
+# The runtime vocabulary (which capabilities block which gate, the literals
+# the report compares with) is the state-to-engine map's.
 from ..schema import (
+    ENTER_MIXED_BLOCKERS,
+    FINALIZE_BLOCKERS,
     INITIAL_ENGINE,
     STATE_CANONICAL,
     STATE_MIXED_TRANSITION,
     STATE_PREPARED,
+    STORAGE_REPORT_LITERALS,
     accepts_transition,
 )
 from ..sql import Statement
 
-#: Runtime capabilities whose live snapshots keep awa.storage_finalize()
-#: waiting, by schema version: schema 40 (Awa 0.6.2+) lets drained drain-only
-#: runtimes stay up through finalize.
-FINALIZE_BLOCKERS = {
-    39: ("canonical", "canonical_drain_only"),
-    40: ("canonical",),
-}
 #: The job states awa.queue.depth reports (upstream's list).
 DEPTH_STATES = ("available", "running", "failed", "scheduled", "retryable", "waiting_external")
 
@@ -169,12 +168,12 @@ INFO_SQL = Statement(
         status.active_engine,
         status.prepared_engine,
         CASE
-            WHEN status.active_engine = 'queue_storage'
+            WHEN status.active_engine = {target_engine}
                  AND status.state IS DISTINCT FROM 'mixed_transition' THEN NULL
             ELSE awa.canonical_live_backlog()
         END AS canonical_live_backlog,
         CASE
-            WHEN status.state = 'prepared' AND status.prepared_engine = 'queue_storage'
+            WHEN status.state = 'prepared' AND status.prepared_engine = {target_engine}
             THEN {prepared_schema_ready}
             ELSE false
         END AS prepared_schema_ready,
@@ -188,12 +187,13 @@ INFO_SQL = Statement(
         ) AS live_runtime_capability,
         (
             SELECT count(*) FROM live_runtime
-            WHERE transition_role = 'queue_storage_target' AND storage_capability = 'queue_storage'
+            WHERE transition_role = {target_role} AND storage_capability = {target_capability}
         ) AS live_queue_storage_targets
     FROM (SELECT 1) AS always_one_row
     LEFT JOIN status ON true
 """,
     prepared_schema_ready=_PREPARED_SCHEMA_READY,
+    **STORAGE_REPORT_LITERALS,
 )
 
 
@@ -223,7 +223,7 @@ def storage_snapshot(row: Mapping[str, Any], schema_version: int) -> InfoSnapsho
         state == STATE_PREPARED
         and accepts_transition(prepared_engine)
         and bool(row["prepared_schema_ready"])
-        and live["canonical"] == 0
+        and sum(live.get(capability, 0) for capability in ENTER_MIXED_BLOCKERS) == 0
         and int(row["live_queue_storage_targets"]) > 0
     )
     blockers = FINALIZE_BLOCKERS.get(schema_version, FINALIZE_BLOCKERS[min(FINALIZE_BLOCKERS)])

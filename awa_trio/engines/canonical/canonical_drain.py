@@ -68,10 +68,10 @@ from typing import Any
 from ...branch import BranchSpec
 from ...config import MaintenanceConfig
 from ...context import MaintenanceContext
-from ...maintenance.queue_info import FINALIZE_BLOCKERS
 from ...maintenance.rescue import CANCEL_NOTICES, RescueResult
 from ...sql import Statement
 from ..base import DrainPasses
+from ..states import FINALIZE_BLOCKERS
 from . import cleanup as canonical_cleanup
 from . import promote, rescue_callbacks, rescue_deadlines, rescue_heartbeats
 from .rescue import (

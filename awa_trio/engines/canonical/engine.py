@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ...sql import Statement
 from ..backlog import rescue_backlog
-from ..base import BacklogReads, DrainPasses, Engine
+from ..base import BacklogReads, DrainPasses, Engine, Wording
 from .grant_needs import GRANTS
 
 if TYPE_CHECKING:
@@ -44,6 +44,16 @@ def _drain_passes() -> DrainPasses:
     return canonical_drain.drain_passes()
 
 
+def _rescue_reasons() -> dict[str, str]:
+    from . import rescue_callbacks, rescue_deadlines, rescue_heartbeats
+
+    return {
+        rescue_heartbeats.RESCUE_ERROR: "heartbeat",
+        rescue_deadlines.RESCUE_ERROR: "deadline",
+        rescue_callbacks.RESCUE_ERROR: "callback",
+    }
+
+
 #: Every branch it may run (checked against the specs by the tests).
 BRANCH_NAMES = frozenset({
     "rescue_stale_heartbeats", "rescue_expired_deadlines", "rescue_expired_callbacks",
@@ -68,4 +78,18 @@ ENGINE = Engine(
     # A fresh install starts on it.
     install=None,
     worker_role="canonical_drain",
+    wording=Wording(
+        migrated=(
+            "it is on the canonical engine (state {state}). The first awa-pg runtime started "
+            "with the default storage_transition_role='auto' switches a fresh install to queue "
+            "storage, Awa 0.6's default; `migrate --engine queue_storage` switches it now"
+        ),
+        demo=(
+            "the database runs on the canonical engine (awa.storage_status(): engine "
+            "{engine}, state {state}); awa_trio leads it with its canonical branches"
+        ),
+    ),
+    rescue_reasons=_rescue_reasons,
+    # No statement of its names a ring partition.
+    sql_examples=None,
 )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ...sql import Statement
 from ..backlog import rescue_backlog
-from ..base import BacklogReads, DrainPasses, Engine
+from ..base import BacklogReads, DrainPasses, Engine, Wording
 from .grant_needs import GRANTS
 
 if TYPE_CHECKING:
@@ -50,6 +50,40 @@ def _install(database_url: str) -> None:
     install_queue_storage(database_url)
 
 
+def _rescue_reasons() -> dict[str, str]:
+    from . import rescue_callbacks, rescue_deadlines, rescue_heartbeats
+
+    return {
+        rescue_heartbeats.LEASE_ERROR: "heartbeat",
+        rescue_heartbeats.RECEIPT_ERROR: "heartbeat",
+        rescue_deadlines.RESCUE_ERROR: "deadline",
+        rescue_callbacks.RESCUE_ERROR: "callback",
+    }
+
+
+def _sql_examples(schema: str, slot: int) -> dict[str, dict[str, str]]:
+    """Slot ``slot``'s partitions, as the ring code binds them, and the lease
+    ring's where a statement serves both the lease and the claim ring."""
+    from . import queue_ring
+    from .layout import schema_literal
+    from .rotate_claim import CLAIM_RING_TABLES
+    from .rotate_lease import LEASE_RING_TABLES
+
+    common = {
+        "schema_literal": schema_literal(schema),
+        "slot": str(slot),
+        "ring": LEASE_RING_TABLES.ring,
+    }
+    common.update(queue_ring.child_placeholders(schema, slot))
+    for tables in (LEASE_RING_TABLES, CLAIM_RING_TABLES):
+        common.update(zip(tables.children, tables.child_tables(schema, slot), strict=True))
+    return {
+        "": common,
+        queue_ring.__name__: {"children": ", ".join(queue_ring.slot_children(schema, slot))},
+        LEASE_RING_TABLES.__module__: {"children": ", ".join(LEASE_RING_TABLES.child_tables(schema, slot))},
+    }
+
+
 #: Every branch it may run (checked against the specs by the tests).
 BRANCH_NAMES = frozenset({
     "rescue_stale_heartbeats", "rescue_expired_deadlines", "rescue_expired_callbacks",
@@ -71,4 +105,13 @@ ENGINE = Engine(
     uses_storage_schema=True,
     install=_install,
     worker_role="auto",
+    wording=Wording(
+        migrated="queue storage is live (awa.storage_status(): engine {engine}, state {state})",
+        demo=(
+            "the database runs on queue storage, Awa 0.6's default engine (awa.storage_status(): "
+            "engine {engine}, state {state}); awa_trio leads it with its queue-storage branches"
+        ),
+    ),
+    rescue_reasons=_rescue_reasons,
+    sql_examples=_sql_examples,
 )

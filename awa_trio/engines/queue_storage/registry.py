@@ -17,7 +17,6 @@ from ...branch import BranchSpec
 from ...config import MaintenanceConfig
 from ...context import MaintenanceContext
 from ...cron import cron_branches
-from ...maintenance.planes import both_planes
 from ...maintenance.promotion import next_due_at
 from ..base import DrainPasses
 from . import batch_operations as qs_batch_operations
@@ -28,6 +27,7 @@ from . import rescue_callbacks as qs_rescue_callbacks
 from . import rescue_deadlines as qs_rescue_deadlines
 from . import rescue_heartbeats as qs_rescue_heartbeats
 from . import rotate_claim, rotate_lease, rotate_queue, terminal_count_rollup
+from .planes import both_planes
 
 log = logging.getLogger(__name__)
 
