@@ -32,6 +32,7 @@ from .engines import DEFAULT_ENGINE, engine_for, engine_named, known_engines
 from .http_api import prometheus_meter_provider
 from .schema import SchemaInfo, read_schema
 from .service import MaintenanceService
+from .sql import Statement
 
 if TYPE_CHECKING:
     from .embedded import EmbeddedPostgres
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEMO_DATABASE = "awa_demo"
+CREATE_DEMO_DATABASE_SQL = Statement("CREATE DATABASE awa_demo")
 #: Where the demo serves /status and /metrics unless --metrics-addr says.
 DEMO_METRICS_ADDR = "127.0.0.1:9464"
 DEMO_QUEUE = "demo"
@@ -54,25 +56,25 @@ DEMO_CONFIG = MaintenanceConfig(
 )
 
 #: The demo's jobs as they stand, on either engine (awa.jobs spans both).
-JOBS_SQL = """
+JOBS_SQL = Statement("""
     SELECT id, kind, state::text AS state, attempt, run_at,
            metadata->>'cron_name' AS cron_name
     FROM awa.jobs
-    WHERE queue = ANY($1::text[])
+    WHERE queue = ANY(:queues::text[])
     ORDER BY id
-"""
+""")
 #: What each rescue writes into the job's errors, in the statement that
 #: takes the attempt away (both engines): the one record in the database
 #: that says "the leader's rescue moved this attempt", with the moment.
 RESCUE_ERRORS = {error: kind for engine in known_engines() for error, kind in engine.rescue_reasons().items()}
 #: The rescues of the demo's jobs, as their rows record them.
-RESCUES_SQL = """
+RESCUES_SQL = Statement("""
     SELECT j.id, j.kind, entry->>'error' AS error, (entry->>'attempt')::int AS attempt,
            (entry->>'at')::timestamptz AS at
     FROM awa.jobs AS j, unnest(j.errors) AS entry
-    WHERE j.queue = ANY($1::text[]) AND entry->>'error' = ANY($2::text[])
+    WHERE j.queue = ANY(:queues::text[]) AND entry->>'error' = ANY(:errors::text[])
     ORDER BY at
-"""
+""")
 
 
 def check_can_listen(address: str) -> None:
@@ -248,7 +250,7 @@ async def run_demo(
                     await _blocking(server, server.start)
                     admin = server.url_for("postgres")
                     async with open_database(admin, pool_size=1) as db:
-                        await db.execute(f"CREATE DATABASE {DEMO_DATABASE}")
+                        await db.execute(*CREATE_DEMO_DATABASE_SQL.bind())
                     url = server.url_for(DEMO_DATABASE)
                     say(f"installing the Awa schema with awa-pg into {url} ...")
                     await _blocking(server, _migrate, url)
@@ -351,8 +353,10 @@ async def _workload(
         async def narrate() -> None:
             while True:
                 narrator.observe_engine(await read_schema(db), asked=engine)
-                narrator.observe_rescues(await db.fetch(RESCUES_SQL, queues, list(RESCUE_ERRORS)))
-                narrator.observe(await db.fetch(JOBS_SQL, queues))
+                narrator.observe_rescues(
+                    await db.fetch(*RESCUES_SQL.bind(queues=queues, errors=list(RESCUE_ERRORS)))
+                )
+                narrator.observe(await db.fetch(*JOBS_SQL.bind(queues=queues)))
                 await trio.sleep(0.5)
 
         narrating.start_soon(narrate)

@@ -376,7 +376,7 @@ class MaintenanceMetrics:
             ATTR_STORAGE_CURRENT_ENGINE: snapshot.current_engine,
             ATTR_STORAGE_ACTIVE_ENGINE: snapshot.active_engine,
         }
-        if snapshot.prepared_engine is not None:  # upstream leaves the label out
+        if snapshot.prepared_engine is not None:  # Awa's own report leaves the label out then
             attributes[ATTR_STORAGE_PREPARED_ENGINE] = snapshot.prepared_engine
         return [otel_metrics.Observation(1, attributes)]
 

@@ -24,6 +24,7 @@ from .engines.states import STORAGE_REPORT_LITERALS as STORAGE_REPORT_LITERALS
 from .engines.states import SUPPORTED_ENGINES as SUPPORTED_ENGINES
 from .engines.states import accepts_transition as accepts_transition
 from .errors import AwaTrioError, UnsupportedSchema
+from .sql import Statement
 
 log = logging.getLogger(__name__)
 
@@ -36,21 +37,21 @@ QUEUE_STORAGE = states.QUEUE_STORAGE
 AWA_PG_REQUIREMENT = "awa-pg==0.6.1"
 DEFAULT_QUEUE_STORAGE_SCHEMA = "awa"
 
-_SCHEMA_PRESENT_SQL = "SELECT to_regclass('awa.schema_version') IS NOT NULL"
-_SCHEMA_VERSION_SQL = "SELECT max(version) FROM awa.schema_version"
-_STORAGE_STATUS_SQL = """
+_SCHEMA_PRESENT_SQL = Statement("SELECT to_regclass('awa.schema_version') IS NOT NULL")
+_SCHEMA_VERSION_SQL = Statement("SELECT max(version) FROM awa.schema_version")
+_STORAGE_STATUS_SQL = Statement("""
     SELECT active_engine, current_engine, prepared_engine, state, details::text AS details
     FROM awa.storage_status()
-"""
+""")
 # The three reads above in one round trip, for a database that has the awa
 # schema (the storage watch reads it every second); where a part is missing
 # it fails, and the reads above say what is there.
-_SCHEMA_AND_STORAGE_SQL = """
+_SCHEMA_AND_STORAGE_SQL = Statement("""
     SELECT (SELECT max(version) FROM awa.schema_version) AS version,
            status.active_engine, status.state, status.details::text AS details
     FROM (SELECT 1) AS always_one_row
     LEFT JOIN awa.storage_status() AS status ON true
-"""
+""")
 #: SQLSTATEs of a missing table, function or schema.
 _UNDEFINED_OBJECT_SQLSTATES = ("42P01", "42883", "3F000")
 _IDENTIFIER_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -114,7 +115,7 @@ def _queue_storage_schema(details: str | None) -> str:
 async def read_schema(db: Database) -> SchemaInfo | None:
     """The installed schema version and storage state, or None without an awa schema."""
     try:
-        row = await db.fetchrow(_SCHEMA_AND_STORAGE_SQL)
+        row = await db.fetchrow(*_SCHEMA_AND_STORAGE_SQL.bind())
     except QueryError as exc:
         if exc.sqlstate not in _UNDEFINED_OBJECT_SQLSTATES:
             raise
@@ -126,12 +127,12 @@ async def read_schema(db: Database) -> SchemaInfo | None:
 
 async def _read_schema_step_by_step(db: Database) -> SchemaInfo | None:
     """read_schema for a database that may lack any part of the awa schema."""
-    if not await db.fetchval(_SCHEMA_PRESENT_SQL):
+    if not await db.fetchval(*_SCHEMA_PRESENT_SQL.bind()):
         return None
-    version = await db.fetchval(_SCHEMA_VERSION_SQL)
+    version = await db.fetchval(*_SCHEMA_VERSION_SQL.bind())
     if version is None:
         return None
-    row = await db.fetchrow(_STORAGE_STATUS_SQL)
+    row = await db.fetchrow(*_STORAGE_STATUS_SQL.bind())
     if row is None:  # no transition row: a canonical install
         return SchemaInfo(version=int(version), engine=INITIAL_ENGINE)
     return _schema_info(version, row["active_engine"], row["state"], row["details"])
@@ -166,7 +167,9 @@ def unsupported_engine_message(engine: str) -> str:
 
 
 #: Whether a canonical install holds any job (on a fresh one, none).
-_HAS_JOBS_SQL = "SELECT EXISTS (SELECT 1 FROM awa.jobs)"
+#: Asked first by migrate: fails at once with the real cause.
+_SERVER_ANSWERS_SQL = Statement("SELECT 1")
+_HAS_JOBS_SQL = Statement("SELECT EXISTS (SELECT 1 FROM awa.jobs)")
 
 
 def _awa_pg() -> Any:
@@ -191,12 +194,12 @@ async def migrate(database_url: str, engine: str | None = None) -> SchemaInfo:
     """
     awa = _awa_pg()
     async with open_database(database_url, pool_size=1) as db:
-        await db.fetchval("SELECT 1")
+        await db.fetchval(*_SERVER_ANSWERS_SQL.bind())
         await trio.to_thread.run_sync(awa.Client(database_url).migrate)
         info = await check_schema(db)
         if not states.switched_at_install(engine, info):
             return info
-        if info.state != STATE_CANONICAL or await db.fetchval(_HAS_JOBS_SQL):
+        if info.state != STATE_CANONICAL or await db.fetchval(*_HAS_JOBS_SQL.bind()):
             raise AwaTrioError(
                 f"this database holds jobs on the canonical engine (state {info.state}): switch it to "
                 "queue storage with Awa's staged transition (prepare, enter, finalize), not at install"

@@ -3,8 +3,9 @@ instance per engine package (``ENGINE`` in its ``engine.py``).
 
 Code outside :mod:`awa_trio.engines` asks the engine object for what
 differs between engines (its branches, the grants they need, the backlog
-reads of ``status`` and ``doctor``, its part in a staged transition) and
-never compares engine names; :mod:`awa_trio.engines` alone maps a storage
+reads of ``status`` and ``doctor``, its part in a staged transition, how
+messages describe it and name its rescues, example identifiers for ``awa_trio
+sql``) and never compares engine names; :mod:`awa_trio.engines` alone maps a storage
 state to an engine. The instance module stays light: the branch
 modules are imported inside the functions that build the specs, so asking
 an engine for its name, grants or reads loads none of them.

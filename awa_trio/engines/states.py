@@ -81,8 +81,8 @@ class StorageState(Protocol):
 
 
 def runs_queue_storage(info: StorageState) -> bool:
-    """Queue-storage branches run, as upstream's auto runtime does, once
-    routing has flipped (mixed_transition) or finished (active)."""
+    """Queue-storage branches run, as in an awa-pg runtime with the auto
+    role, once routing has flipped (mixed_transition) or finished (active)."""
     return info.engine == QUEUE_STORAGE and info.state in (STATE_MIXED_TRANSITION, STATE_ACTIVE)
 
 

@@ -68,12 +68,12 @@ from ..schema import (
 )
 from ..sql import Statement
 
-#: The job states awa.queue.depth reports (upstream's list).
+#: The job states awa.queue.depth reports (Awa's list, so dashboards match).
 DEPTH_STATES = ("available", "running", "failed", "scheduled", "retryable", "waiting_external")
 
 
 # Whether the prepared queue-storage schema is complete enough for routing to
-# flip (upstream's readiness list): the sequences and tables its runtimes
+# flip (Awa's own readiness list): the sequences and tables its runtimes
 # use, the columns of the latest layout, and the claim function runtimes
 # call with the columns its result must name. The catalogs only (no
 # privilege on the objects is needed, not even USAGE on their schema);
@@ -212,7 +212,7 @@ def descriptor_attributes(prefix: str, key: str, descriptor: Mapping[str, Any]) 
 
 
 def storage_snapshot(row: Mapping[str, Any], schema_version: int) -> InfoSnapshot:
-    """The gauges' values from one INFO_SQL row (upstream's storage report)."""
+    """The gauges' values from one INFO_SQL row (the values Awa's own storage report gives)."""
     state = row["state"] or STATE_CANONICAL
     prepared_engine = row["prepared_engine"]
     live = {capability: 0 for capability in STORAGE_CAPABILITIES}

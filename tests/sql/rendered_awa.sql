@@ -1,4 +1,4 @@
--- Every SQL statement of awa_trio (183 awa_trio.sql.Statement objects), rendered for the
+-- Every SQL statement of awa_trio (192 awa_trio.sql.Statement objects), rendered for the
 -- queue-storage schema awa: `python -m awa_trio sql --schema awa`.
 -- Parameters are shown as PostgreSQL receives them ($1, $2, ...), each header naming
 -- them in that order. Statements whose slots name the partitions of one ring slot are
@@ -82,6 +82,25 @@ WHERE l.locktype = 'relation' AND l.granted AND l.mode = 'AccessExclusiveLock'
   AND l.pid <> pg_backend_pid()
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 ORDER BY 1, 2;
+
+-- awa_trio.demo.CREATE_DEMO_DATABASE_SQL
+CREATE DATABASE awa_demo;
+
+-- awa_trio.demo.JOBS_SQL
+-- parameters: $1 :queues
+SELECT id, kind, state::text AS state, attempt, run_at,
+       metadata->>'cron_name' AS cron_name
+FROM awa.jobs
+WHERE queue = ANY($1::text[])
+ORDER BY id;
+
+-- awa_trio.demo.RESCUES_SQL
+-- parameters: $1 :queues, $2 :errors
+SELECT j.id, j.kind, entry->>'error' AS error, (entry->>'attempt')::int AS attempt,
+       (entry->>'at')::timestamptz AS at
+FROM awa.jobs AS j, unnest(j.errors) AS entry
+WHERE j.queue = ANY($1::text[]) AND entry->>'error' = ANY($2::text[])
+ORDER BY at;
 
 -- awa_trio.doctor.DDL_LOCKS_SQL
 -- parameters: $1 :schemas, $2 :held_for
@@ -3888,6 +3907,28 @@ ON CONFLICT (instance_id) DO UPDATE SET
     queues = EXCLUDED.queues,
     queue_descriptor_hashes = EXCLUDED.queue_descriptor_hashes,
     job_kind_descriptor_hashes = EXCLUDED.job_kind_descriptor_hashes;
+
+-- awa_trio.schema._HAS_JOBS_SQL
+SELECT EXISTS (SELECT 1 FROM awa.jobs);
+
+-- awa_trio.schema._SCHEMA_AND_STORAGE_SQL
+SELECT (SELECT max(version) FROM awa.schema_version) AS version,
+       status.active_engine, status.state, status.details::text AS details
+FROM (SELECT 1) AS always_one_row
+LEFT JOIN awa.storage_status() AS status ON true;
+
+-- awa_trio.schema._SCHEMA_PRESENT_SQL
+SELECT to_regclass('awa.schema_version') IS NOT NULL;
+
+-- awa_trio.schema._SCHEMA_VERSION_SQL
+SELECT max(version) FROM awa.schema_version;
+
+-- awa_trio.schema._SERVER_ANSWERS_SQL
+SELECT 1;
+
+-- awa_trio.schema._STORAGE_STATUS_SQL
+SELECT active_engine, current_engine, prepared_engine, state, details::text AS details
+FROM awa.storage_status();
 
 -- awa_trio.service.DEFAULT_ISOLATION_SQL
 SHOW default_transaction_isolation;

@@ -35,8 +35,9 @@ RunOnce = Callable[[MaintenanceContext], Awaitable[Any]]
 
 
 def queue_storage_branches(config: MaintenanceConfig) -> list[BranchSpec]:
-    """Upstream's queue-storage set: no admin metadata, no priority aging, no
-    row-by-row job cleanup (rings are pruned whole instead)."""
+    """The queue-storage set, the branches Awa's own leader runs there: no
+    admin metadata, no priority aging, no row-by-row job cleanup (rings are
+    pruned whole instead)."""
     return [
         BranchSpec(
             qs_rescue_heartbeats.NAME,
