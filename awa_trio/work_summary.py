@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from .maintenance.planes import Planes
 from .tracker import PruneOutcome
 
 log = logging.getLogger("awa_trio.summary")
@@ -32,6 +33,11 @@ JOB_WORK = WORK[:6]
 
 def work_done(result: Any) -> dict[str, int]:
     """The work one body's result records, by the words of :data:`WORK`."""
+    if isinstance(result, Planes):  # a transition's body: each plane's work
+        total: collections.Counter[str] = collections.Counter()
+        for part in result.results():
+            total.update(work_done(part))
+        return dict(total)
     counts: dict[str, int] = {}
     promoted = getattr(result, "promoted", None)
     if isinstance(promoted, dict):  # PromoteResult: by state

@@ -74,3 +74,17 @@ async def test_a_leader_says_what_it_promoted(database_url, awa_client, caplog, 
         nursery.cancel_scope.cancel()
     lines = [r.getMessage() for r in caplog.records if r.name == "awa_trio.summary"]
     assert lines[0].startswith("in the last 1s: promoted 5"), lines
+
+
+def test_a_transition_pass_counts_the_work_of_both_planes():
+    """During a staged transition promotion and the rescues serve both
+    planes in one body: the minute line counts what each plane did."""
+    from awa_trio.engines.queue_storage.planes import PlaneResults
+
+    both = PlaneResults(
+        queue_storage=PromoteResult(promoted={"scheduled": 3}),
+        canonical=PromoteResult(promoted={"retryable": 2}),
+    )
+    assert work_done(both) == {"promoted": 5}
+    one_failed = PlaneResults(queue_storage=None, canonical=RescueResult(rescued=[object()]))
+    assert work_done(one_failed) == {"rescued": 1}
