@@ -54,7 +54,8 @@ _SCHEMA_AND_STORAGE_SQL = Statement("""
 """)
 #: SQLSTATEs of a missing table, function or schema.
 _UNDEFINED_OBJECT_SQLSTATES = ("42P01", "42883", "3F000")
-_IDENTIFIER_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: A schema name awa_trio can put into SQL text unquoted.
+PLAIN_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +105,7 @@ def _queue_storage_schema(details: str | None) -> str:
         name = None
     if not name:
         return DEFAULT_QUEUE_STORAGE_SCHEMA
-    if not _IDENTIFIER_RE.match(name):
+    if not PLAIN_IDENTIFIER.match(name):
         raise UnsupportedSchema(
             f"queue-storage schema name {name!r} in awa.storage_status() is not a plain "
             "identifier awa_trio can address"

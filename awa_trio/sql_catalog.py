@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from .errors import ConfigError
-from .schema import _IDENTIFIER_RE as PLAIN_IDENTIFIER
+from .schema import PLAIN_IDENTIFIER
 from .sql import Statement
 
 #: Modules that run something when imported.
