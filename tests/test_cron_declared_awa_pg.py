@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
-from support.awa_pg import WorkerProcess
+from support.awa_pg import worker_process
 from support.declared_schedules import PROBE_KIND, PROBE_QUEUE
 from support.helpers import leader_lock_holders
 
@@ -49,21 +49,8 @@ async def declaring_worker(dsn, declaration, *kinds, election_ms=200):
             "--leader-election-interval-ms", str(election_ms)]
     for kind in kinds:
         argv += ["--kind", kind]
-    async with trio.open_nursery() as nursery:
-        process = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, env=subprocess_env())
-        worker = WorkerProcess(process)
-        nursery.start_soon(worker._read)
-        try:
-            await worker.wait_for_line("READY", timeout=30)
-            yield worker
-        finally:
-            if process.returncode is None:
-                process.terminate()
-            with trio.move_on_after(10, shield=True):
-                await process.wait()
-            if process.returncode is None:
-                process.kill()
-            nursery.cancel_scope.cancel()
+    async with worker_process(argv, env=subprocess_env(), graceful=10) as worker:
+        yield worker
 
 
 async def wait_for_rows(db, count, timeout=30.0):

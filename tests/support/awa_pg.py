@@ -55,17 +55,13 @@ class WorkerProcess:
 
 
 @asynccontextmanager
-async def awa_pg_worker(dsn: str, *kinds: str, behaviour: str = "complete", extra_args=()):
-    """Start a worker, wait for READY, yield it; kill it on exit."""
-    argv = [sys.executable, str(WORKER_SCRIPT), dsn, "--behaviour", behaviour]
-    for kind in kinds:
-        argv += ["--kind", kind]
-    argv += list(extra_args)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+async def worker_process(argv: list[str], *, env: dict[str, str] | None = None, graceful: float = 0.0):
+    """A child awa-pg runtime started from ``argv``, yielded once it prints
+    READY; at the end it is killed, or with ``graceful`` first sent SIGTERM
+    and given that many seconds to shut down."""
+    env = env if env is not None else dict(os.environ, PYTHONUNBUFFERED="1")
     async with trio.open_nursery() as nursery:
-        process = await trio.lowlevel.open_process(
-            argv, stdout=subprocess.PIPE, stderr=None, env=env
-        )
+        process = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, stderr=None, env=env)
         worker = WorkerProcess(process)
         nursery.start_soon(worker._read)
         try:
@@ -73,7 +69,23 @@ async def awa_pg_worker(dsn: str, *kinds: str, behaviour: str = "complete", extr
             yield worker
         finally:
             if process.returncode is None:
-                process.kill()
-            with trio.move_on_after(5, shield=True):
+                if graceful:
+                    process.terminate()
+                else:
+                    process.kill()
+            with trio.move_on_after(graceful or 5, shield=True):
                 await process.wait()
+            if process.returncode is None:
+                process.kill()
             nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def awa_pg_worker(dsn: str, *kinds: str, behaviour: str = "complete", extra_args=()):
+    """Start a worker, wait for READY, yield it; kill it on exit."""
+    argv = [sys.executable, str(WORKER_SCRIPT), dsn, "--behaviour", behaviour]
+    for kind in kinds:
+        argv += ["--kind", kind]
+    argv += list(extra_args)
+    async with worker_process(argv) as worker:
+        yield worker

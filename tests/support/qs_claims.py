@@ -12,8 +12,6 @@ READY, ``START <id>`` and ``DONE <id>`` lines like awa_pg_worker.py.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -167,27 +165,15 @@ async def claim_slot_of(db, job_id: int) -> int | None:
 async def callback_worker(dsn: str, spec: str, *, callback: bool = True,
                           deadline_ms: int | None = None):
     """An awa-pg worker running this file's handler for KIND:QUEUE."""
-    from support.awa_pg import WorkerProcess
+    from support.awa_pg import worker_process
 
     argv = [sys.executable, str(THIS_SCRIPT), dsn, spec]
     if not callback:
         argv.append("--plain")
     if deadline_ms is not None:
         argv += ["--deadline-ms", str(deadline_ms)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    async with trio.open_nursery() as nursery:
-        process = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, env=env)
-        worker = WorkerProcess(process)
-        nursery.start_soon(worker._read)
-        try:
-            await worker.wait_for_line("READY", timeout=30)
-            yield worker
-        finally:
-            if process.returncode is None:
-                process.kill()
-            with trio.move_on_after(5, shield=True):
-                await process.wait()
-            nursery.cancel_scope.cancel()
+    async with worker_process(argv) as worker:
+        yield worker
 
 
 def _worker_main() -> None:
