@@ -50,8 +50,7 @@ from typing import Any
 
 from ...body import BodyResult
 from ...context import MaintenanceContext
-from ...db import LOCK_NOT_AVAILABLE, Connection, QueryError, describe_error
-from ...maintenance.lock_timeout import set_local_lock_timeout
+from ...db import LOCK_NOT_AVAILABLE, Connection, QueryError, describe_error, milliseconds
 from ...maintenance.queue_info import DEPTH_STATES, publish_info
 from ...sql import Fragment, Statement
 from .layout import schema_name
@@ -289,8 +288,8 @@ async def run_once(ctx: MaintenanceContext) -> QueueStatsResult:
 async def _read_part(conn: Connection, result: QueueStatsResult, part: str, sql: str) -> list[Any] | None:
     """One part's rows, or None when a lock held it up past RING_LOCK_TIMEOUT."""
     try:
-        async with conn.transaction():
-            await set_local_lock_timeout(conn, RING_LOCK_TIMEOUT)
+        # The timeout goes with the BEGIN: no round trip of its own.
+        async with conn.transaction(local_settings={"lock_timeout": milliseconds(RING_LOCK_TIMEOUT)}):
             return await conn.fetch(sql)
     except QueryError as exc:
         if exc.sqlstate != LOCK_NOT_AVAILABLE:
