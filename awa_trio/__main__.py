@@ -1,18 +1,17 @@
 """``python -m awa_trio``.
 
-SIGTERM is turned into KeyboardInterrupt first, before the heavy imports, so
-that a stop request in the first moments ends the process as Ctrl-C does,
-cleanly and with exit 0; each command then sets its own signal handling
-(``cli.main``).
+SIGINT and SIGTERM are only recorded from the first line on, before the
+heavy imports, so that a stop request in the first moments ends the process
+cleanly with exit 0 (``startup_stop`` says why they are not raised); each
+command then takes over the signals (``cli.main``).
 """
 
-import signal
 import sys
 
-signal.signal(signal.SIGTERM, signal.default_int_handler)
-try:
-    from .cli import main
-except KeyboardInterrupt:
-    sys.exit(0)
+from . import startup_stop
+
+startup_stop.defer()
+
+from .cli import main  # noqa: E402  (after the signals are deferred)
 
 sys.exit(main())

@@ -4,7 +4,8 @@ Every MaintenanceConfig field is a flag named after it with dashes
 (``--promote-interval``) and an environment variable (``AWA_PROMOTE_INTERVAL``).
 A TOML file (``--config``) can hold the same settings. Precedence: flag,
 environment, file, default. Startup errors print one line and exit non-zero;
-SIGINT and SIGTERM stop the service, release the lock and exit 0.
+SIGINT and SIGTERM stop the service, release the lock and exit 0, at any
+moment from the first line on.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, NoReturn
 
 import trio
 
+from . import startup_stop
 from .config import (
     COUNT,
     INTERVAL,
@@ -836,6 +838,10 @@ async def serve(service: MaintenanceService) -> None:
     from . import systemd
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1) as signals:
+        early = startup_stop.received()
+        if early is not None:
+            log.info("received %s while starting; stopping", early.name)
+            return
         async with trio.open_nursery() as nursery:
 
             async def on_signals() -> None:
@@ -912,11 +918,13 @@ def _main(argv: Sequence[str] | None) -> int:
         as_json = "--json" in (sys.argv[1:] if argv is None else argv)
         return fail(f"invalid configuration: {exc}", EXIT_USAGE, as_json=as_json)
 
-    if invocation.command != "demo" and signal.getsignal(signal.SIGTERM) is signal.default_int_handler:
-        # Set by __main__ for the start-up only: the demo keeps it until its
-        # signal receiver takes over; every other command gets the default
-        # back (``run`` installs its own receiver).
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if invocation.command not in ("run", "demo"):
+        # Stops recorded while starting (``__main__``) end the command now;
+        # from here on SIGINT and SIGTERM act as they normally do. ``run``
+        # and ``demo`` keep recording until their signal receivers open.
+        startup_stop.restore()
+        if startup_stop.received() is not None:
+            return EXIT_OK
 
     if invocation.print_config:
         try:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from . import startup_stop
 from .config import MaintenanceConfig
 from .cron import PeriodicJob
 from .db import open_database
@@ -232,6 +233,8 @@ async def run_demo(
     server = EmbeddedPostgres()
     work = trio.CancelScope()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        if startup_stop.received() is not None:
+            return 0  # stopped while Python started: nothing exists yet
         async with trio.open_nursery() as watcher:
 
             async def stop_on_signal() -> None:

@@ -461,6 +461,60 @@ async def test_signal_releases_the_lock_and_exits_zero(database_url, db, signum)
     assert await leader_lock_holders(db) == []
 
 
+def test_a_stop_while_python_starts_is_recorded_not_raised():
+    """Python 3.11 ends a process by SIGINT (exit -2) when a KeyboardInterrupt
+    once passed through exec'd code, even if it was caught: a stop during the
+    imports (dataclasses exec their methods) must not raise one at all."""
+    code = (
+        "from awa_trio import startup_stop\n"
+        "startup_stop.defer()\n"
+        "import os, signal\n"
+        "exec('os.kill(os.getpid(), signal.SIGINT)\\nimport time\\ntime.sleep(0.05)')\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print(startup_stop.received().name)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "SIGINT\n", "")
+
+
+def start_then_stop(*args: str) -> str:
+    """``python -m awa_trio`` as __main__ starts it, with SIGTERM arriving
+    before the command began: what a signal in the first moments meets."""
+    return (
+        "from awa_trio import startup_stop\n"
+        "startup_stop.defer()\n"
+        "import os, signal\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "from awa_trio.cli import main\n"
+        f"raise SystemExit(main({list(args)!r}))\n"
+    )
+
+
+async def test_run_stopped_while_starting_exits_zero_without_ever_leading(database_url, db):
+    with trio.fail_after(30):  # one that missed the stop would lead on
+        result = await trio.run_process(
+            [sys.executable, "-c", start_then_stop("--database-url", database_url, "--leader-election-interval", "200ms")],
+            capture_stdout=True, capture_stderr=True, check=False,
+        )
+    logs = result.stderr.decode()
+    assert result.returncode == 0, logs
+    assert "received SIGTERM while starting; stopping" in logs
+    assert "elected" not in logs and "Traceback" not in logs
+    assert await leader_lock_holders(db) == []
+
+
+@pytest.mark.parametrize("command", [["demo", "--metrics-addr", "127.0.0.1:0"], ["status"], ["doctor"]])
+async def test_other_commands_stopped_while_starting_exit_zero_having_done_nothing(database_url, command):
+    if command[0] != "demo":
+        command = [*command, "--database-url", database_url]
+    with trio.fail_after(60):
+        result = await trio.run_process(
+            [sys.executable, "-c", start_then_stop(*command)],
+            capture_stdout=True, capture_stderr=True, check=False,
+        )
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
+
+
 async def test_run_logs_leadership_changes_and_branch_work(database_url, db):
     job_id = await db.fetchval(
         "INSERT INTO awa.scheduled_jobs (kind, queue, state, run_at) "
