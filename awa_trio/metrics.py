@@ -106,7 +106,7 @@ LATENESS_BUCKETS_SECONDS = (0.001, 0.0025, 0.005, 0.010, 0.025, 0.050, 0.100, 0.
 @dataclasses.dataclass(frozen=True)
 class InfoSnapshot:
     """What the descriptor and storage gauges report, as queue_stats last
-    read it (see :mod:`awa_trio.maintenance.queue_info`). Observed, never pushed: only
+    read it (see :mod:`awa_trio.engines.queue_info`). Observed, never pushed: only
     the latest label sets are reported, and only in the term that read them."""
 
     state: str

@@ -525,6 +525,23 @@ def test_the_transition_targets_are_the_engines_with_a_transition_variant():
     }
 
 
+def test_the_transition_targets_are_the_engines_with_a_readiness_check():
+    assert {engine.name for engine in engines.known_engines() if engine.prepared_schema_ready} == set(
+        states.TRANSITION_TARGETS
+    )
+    assert engines.transition_target().name in states.TRANSITION_TARGETS
+
+
+def test_the_storage_report_asks_the_target_for_its_readiness_and_names_none_of_its_tables():
+    from awa_trio.engines import queue_info
+
+    target = engines.transition_target()
+    assert target.prepared_schema_ready is not None
+    assert target.prepared_schema_ready in queue_info.INFO_SQL.bind()[0]
+    source = (ROOT / "awa_trio" / "engines" / "queue_info.py").read_text()
+    assert "claim_ready_runtime" not in source and "deferred_jobs" not in source
+
+
 def test_the_words_rescue_reasons_and_ring_examples_come_from_the_engines():
     canonical, queue_storage = engines.engine_named("canonical"), engines.engine_named("queue_storage")
     assert canonical.wording.describe_migrated(CANONICAL_STATE).startswith(
@@ -558,7 +575,7 @@ def test_the_words_rescue_reasons_and_ring_examples_come_from_the_engines():
 
 def test_the_runtime_vocabulary_is_the_maps():
     from awa_trio import metrics, runtime_instance
-    from awa_trio.maintenance import queue_info
+    from awa_trio.engines import queue_info
 
     assert metrics.STORAGE_CAPABILITIES == ("canonical", "canonical_drain_only", "queue_storage")
     assert runtime_instance.STORAGE_CAPABILITY == "queue_storage"

@@ -1,5 +1,5 @@
 """Upstream's storage-transition gauges and awa.job_kind.info, published by
-the queue_stats tick (awa_trio.maintenance.queue_info): values in every storage state,
+the queue_stats tick (awa_trio.engines.queue_info): values in every storage state,
 runtime liveness as upstream's report counts it, only the latest label sets,
 and nothing while not leading."""
 
@@ -15,10 +15,10 @@ from support.contexts import make_context
 from support.helpers import metric_points
 
 from awa_trio import MaintenanceConfig, MaintenanceService
+from awa_trio.engines import queue_info
 from awa_trio.engines.canonical import queue_stats
+from awa_trio.engines.queue_info import publish_info
 from awa_trio.engines.queue_storage import queue_stats as qs_queue_stats
-from awa_trio.maintenance import queue_info
-from awa_trio.maintenance.queue_info import publish_info
 from awa_trio.metrics import (
     ATTR_STORAGE_ACTION,
     ATTR_STORAGE_CAPABILITY,

@@ -218,6 +218,12 @@ class Engine:
     #: identifiers ``python -m awa_trio sql`` shows for its statements whose
     #: slots name the partitions of one ring slot; None: it has none.
     sql_examples: Callable[[str, int], dict[str, dict[str, str]]] | None
+    #: A SQL boolean over ``status.storage_schema`` (the schema
+    #: ``awa.storage_status()`` names): its schema, prepared for a staged
+    #: transition into it, is complete enough for routing to flip (the
+    #: storage report's ``transition_ready``); None: no transition leads
+    #: into it.
+    prepared_schema_ready: str | None
 
     def __post_init__(self) -> None:
         check_engine(self)
@@ -242,10 +248,11 @@ ENGINE_PIECES: tuple[tuple[str, str], ...] = (
     ("wording", "how migrate and the demo describe a database it leads (Wording)"),
     ("rescue_reasons", "() -> {error text: rescue kind} of its rescues, for the demo's narration"),
     ("sql_examples", "the ring identifiers `awa_trio sql` shows for its slot statements, or None"),
+    ("prepared_schema_ready", "SQL: its prepared schema is complete enough to enter a transition, or None"),
 )
 
 #: The type each piece must have (None allowed where the checklist says so).
-_OPTIONAL = {"transition_branches", "drain_passes", "install", "sql_examples"}
+_OPTIONAL = {"transition_branches", "drain_passes", "install", "sql_examples", "prepared_schema_ready"}
 _KINDS: dict[str, tuple[type, ...] | str] = {
     "name": (str,),
     "title": (str,),
@@ -261,6 +268,7 @@ _KINDS: dict[str, tuple[type, ...] | str] = {
     "wording": (Wording,),
     "rescue_reasons": "callable",
     "sql_examples": "callable",
+    "prepared_schema_ready": (str,),
 }
 
 

@@ -59,7 +59,7 @@ FINALIZE_BLOCKERS = {
     40: (CAPABILITY_CANONICAL,),
 }
 #: The storage report's SQL literals for the values above (slots of
-#: :data:`awa_trio.maintenance.queue_info.INFO_SQL`): the engine a staged
+#: :data:`awa_trio.engines.queue_info.INFO_SQL`): the engine a staged
 #: transition leads into, and the role and capability of its runtimes. The
 #: report compares with one target: a second one fails here, at import.
 (_TARGET_ENGINE,) = TRANSITION_TARGETS

@@ -1227,6 +1227,113 @@ JOIN (
 WHERE claim.job_id <> $1
 LIMIT 1;
 
+-- awa_trio.engines.queue_info.INFO_SQL
+WITH status AS (
+    SELECT
+        state,
+        current_engine,
+        active_engine,
+        prepared_engine,
+        COALESCE(NULLIF(details->>'schema', ''), 'awa') AS storage_schema
+    FROM awa.storage_status()
+),
+live_runtime AS (
+    SELECT storage_capability, transition_role
+    FROM awa.runtime_instances AS runtime
+    WHERE runtime.last_seen_at + make_interval(
+            secs => GREATEST(3 * GREATEST(runtime.snapshot_interval_ms, 1000), 30000) / 1000.0
+          ) >= now()
+)
+SELECT
+    (
+        SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                   'name', queue, 'display_name', display_name, 'description', description,
+                   'owner', owner, 'docs_url', docs_url, 'tags', to_jsonb(tags)
+               ) ORDER BY queue), '[]'::jsonb)
+        FROM awa.queue_descriptors
+    ) AS queues,
+    (
+        SELECT COALESCE(jsonb_agg(jsonb_build_object(
+                   'name', kind, 'display_name', display_name, 'description', description,
+                   'owner', owner, 'docs_url', docs_url, 'tags', to_jsonb(tags)
+               ) ORDER BY kind), '[]'::jsonb)
+        FROM awa.job_kind_descriptors
+    ) AS kinds,
+    status.state,
+    status.current_engine,
+    status.active_engine,
+    status.prepared_engine,
+    CASE
+        WHEN status.active_engine = 'queue_storage'
+             AND status.state IS DISTINCT FROM 'mixed_transition' THEN NULL
+        ELSE awa.canonical_live_backlog()
+    END AS canonical_live_backlog,
+    CASE
+        WHEN status.state = 'prepared' AND status.prepared_engine = 'queue_storage'
+        THEN
+NOT EXISTS (
+    SELECT 1
+    FROM unnest(ARRAY[
+        'job_id_seq', 'lease_claim_receipt_id_seq', 'lease_claim_batch_id_seq',
+        'queue_ring_state', 'ready_entries', 'ready_claim_attempt_batches',
+        'ready_tombstones', 'ready_segments', 'done_entries',
+        'receipt_completion_batches', 'receipt_completion_tombstones',
+        'queue_terminal_count_deltas', 'leases', 'deferred_jobs', 'lease_claims',
+        'lease_claim_batches', 'lease_claim_closures', 'lease_claim_closure_batches'
+    ]::name[]) AS wanted(relation_name)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM pg_class AS rel
+        JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
+        WHERE nsp.nspname = status.storage_schema
+          AND rel.relname = wanted.relation_name
+    )
+)
+AND NOT EXISTS (
+    SELECT 1
+    FROM (VALUES
+        ('lease_claim_closure_batches', 'receipt_ranges'),
+        ('queue_claim_heads', 'ready_segment_slot'),
+        ('queue_claim_heads', 'ready_segment_generation'),
+        ('queue_claim_heads', 'ready_segment_next_lane_seq')
+    ) AS wanted(table_name, column_name)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM pg_attribute AS att
+        JOIN pg_class AS rel ON rel.oid = att.attrelid
+        JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
+        WHERE nsp.nspname = status.storage_schema
+          AND rel.relname = wanted.table_name
+          AND att.attname = wanted.column_name
+          AND att.attnum > 0 AND NOT att.attisdropped
+    )
+)
+AND EXISTS (
+    SELECT 1 FROM pg_proc AS proc
+    JOIN pg_namespace AS nsp ON nsp.oid = proc.pronamespace
+    WHERE nsp.nspname = status.storage_schema
+      AND proc.proname = 'claim_ready_runtime'
+      AND proc.proargtypes = array_to_string(ARRAY['text', 'int8', 'float8', 'float8']::regtype[]::oid[], ' ')::oidvector
+      AND strpos(pg_get_function_result(proc.oid), 'receipt_id') > 0
+      AND strpos(pg_get_function_result(proc.oid), 'claim_batch_id') > 0
+      AND strpos(pg_get_function_result(proc.oid), 'claim_batch_index') > 0
+)
+
+        ELSE false
+    END AS prepared_schema_ready,
+    (
+        SELECT COALESCE(jsonb_object_agg(capability, live), '{}'::jsonb)
+        FROM (
+            SELECT storage_capability AS capability, count(*) AS live
+            FROM live_runtime
+            GROUP BY storage_capability
+        ) AS per_capability
+    ) AS live_runtime_capability,
+    (
+        SELECT count(*) FROM live_runtime
+        WHERE transition_role = 'queue_storage_target' AND storage_capability = 'queue_storage'
+    ) AS live_queue_storage_targets
+FROM (SELECT 1) AS always_one_row
+LEFT JOIN status ON true;
+
 -- awa_trio.engines.queue_storage.batch_operations.CLAIM_OPERATION_SQL
 -- parameters: $1 :runner_instance
 WITH target AS (
@@ -3719,113 +3826,6 @@ WHERE last_seen_at < now() - make_interval(secs => $1);
 -- awa_trio.maintenance.lock_timeout.SET_LOCAL_LOCK_TIMEOUT_SQL
 -- parameters: $1 :lock_timeout
 SELECT set_config('lock_timeout', $1, true);
-
--- awa_trio.maintenance.queue_info.INFO_SQL
-WITH status AS (
-    SELECT
-        state,
-        current_engine,
-        active_engine,
-        prepared_engine,
-        COALESCE(NULLIF(details->>'schema', ''), 'awa') AS queue_storage_schema
-    FROM awa.storage_status()
-),
-live_runtime AS (
-    SELECT storage_capability, transition_role
-    FROM awa.runtime_instances AS runtime
-    WHERE runtime.last_seen_at + make_interval(
-            secs => GREATEST(3 * GREATEST(runtime.snapshot_interval_ms, 1000), 30000) / 1000.0
-          ) >= now()
-)
-SELECT
-    (
-        SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                   'name', queue, 'display_name', display_name, 'description', description,
-                   'owner', owner, 'docs_url', docs_url, 'tags', to_jsonb(tags)
-               ) ORDER BY queue), '[]'::jsonb)
-        FROM awa.queue_descriptors
-    ) AS queues,
-    (
-        SELECT COALESCE(jsonb_agg(jsonb_build_object(
-                   'name', kind, 'display_name', display_name, 'description', description,
-                   'owner', owner, 'docs_url', docs_url, 'tags', to_jsonb(tags)
-               ) ORDER BY kind), '[]'::jsonb)
-        FROM awa.job_kind_descriptors
-    ) AS kinds,
-    status.state,
-    status.current_engine,
-    status.active_engine,
-    status.prepared_engine,
-    CASE
-        WHEN status.active_engine = 'queue_storage'
-             AND status.state IS DISTINCT FROM 'mixed_transition' THEN NULL
-        ELSE awa.canonical_live_backlog()
-    END AS canonical_live_backlog,
-    CASE
-        WHEN status.state = 'prepared' AND status.prepared_engine = 'queue_storage'
-        THEN
-NOT EXISTS (
-    SELECT 1
-    FROM unnest(ARRAY[
-        'job_id_seq', 'lease_claim_receipt_id_seq', 'lease_claim_batch_id_seq',
-        'queue_ring_state', 'ready_entries', 'ready_claim_attempt_batches',
-        'ready_tombstones', 'ready_segments', 'done_entries',
-        'receipt_completion_batches', 'receipt_completion_tombstones',
-        'queue_terminal_count_deltas', 'leases', 'deferred_jobs', 'lease_claims',
-        'lease_claim_batches', 'lease_claim_closures', 'lease_claim_closure_batches'
-    ]::name[]) AS wanted(relation_name)
-    WHERE NOT EXISTS (
-        SELECT 1 FROM pg_class AS rel
-        JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
-        WHERE nsp.nspname = status.queue_storage_schema
-          AND rel.relname = wanted.relation_name
-    )
-)
-AND NOT EXISTS (
-    SELECT 1
-    FROM (VALUES
-        ('lease_claim_closure_batches', 'receipt_ranges'),
-        ('queue_claim_heads', 'ready_segment_slot'),
-        ('queue_claim_heads', 'ready_segment_generation'),
-        ('queue_claim_heads', 'ready_segment_next_lane_seq')
-    ) AS wanted(table_name, column_name)
-    WHERE NOT EXISTS (
-        SELECT 1 FROM pg_attribute AS att
-        JOIN pg_class AS rel ON rel.oid = att.attrelid
-        JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
-        WHERE nsp.nspname = status.queue_storage_schema
-          AND rel.relname = wanted.table_name
-          AND att.attname = wanted.column_name
-          AND att.attnum > 0 AND NOT att.attisdropped
-    )
-)
-AND EXISTS (
-    SELECT 1 FROM pg_proc AS proc
-    JOIN pg_namespace AS nsp ON nsp.oid = proc.pronamespace
-    WHERE nsp.nspname = status.queue_storage_schema
-      AND proc.proname = 'claim_ready_runtime'
-      AND proc.proargtypes = array_to_string(ARRAY['text', 'int8', 'float8', 'float8']::regtype[]::oid[], ' ')::oidvector
-      AND strpos(pg_get_function_result(proc.oid), 'receipt_id') > 0
-      AND strpos(pg_get_function_result(proc.oid), 'claim_batch_id') > 0
-      AND strpos(pg_get_function_result(proc.oid), 'claim_batch_index') > 0
-)
-
-        ELSE false
-    END AS prepared_schema_ready,
-    (
-        SELECT COALESCE(jsonb_object_agg(capability, live), '{}'::jsonb)
-        FROM (
-            SELECT storage_capability AS capability, count(*) AS live
-            FROM live_runtime
-            GROUP BY storage_capability
-        ) AS per_capability
-    ) AS live_runtime_capability,
-    (
-        SELECT count(*) FROM live_runtime
-        WHERE transition_role = 'queue_storage_target' AND storage_capability = 'queue_storage'
-    ) AS live_queue_storage_targets
-FROM (SELECT 1) AS always_one_row
-LEFT JOIN status ON true;
 
 -- awa_trio.maintenance.rescue.CANCEL_NOTICES_SQL
 -- parameters: $1 :job_ids, $2 :run_leases

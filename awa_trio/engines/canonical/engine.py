@@ -92,4 +92,6 @@ ENGINE = Engine(
     rescue_reasons=_rescue_reasons,
     # No statement of its names a ring partition.
     sql_examples=None,
+    # Nothing transitions into the canonical engine in this release.
+    prepared_schema_ready=None,
 )

@@ -34,8 +34,8 @@ import logging
 
 from ...body import BodyResult
 from ...context import MaintenanceContext
-from ...maintenance.queue_info import DEPTH_STATES, publish_info
 from ...sql import Statement
+from ..queue_info import DEPTH_STATES, publish_info
 
 log = logging.getLogger(__name__)
 

@@ -51,8 +51,8 @@ from typing import Any
 from ...body import BodyResult
 from ...context import MaintenanceContext
 from ...db import LOCK_NOT_AVAILABLE, Connection, QueryError, describe_error, milliseconds
-from ...maintenance.queue_info import DEPTH_STATES, publish_info
 from ...sql import Fragment, Statement
+from ..queue_info import DEPTH_STATES, publish_info
 from .layout import schema_name
 
 log = logging.getLogger(__name__)

@@ -67,65 +67,16 @@ from ..schema import (
     accepts_transition,
 )
 from ..sql import Statement
+from . import transition_target
 
 #: The job states awa.queue.depth reports (Awa's list, so dashboards match).
 DEPTH_STATES = ("available", "running", "failed", "scheduled", "retryable", "waiting_external")
 
 
-# Whether the prepared queue-storage schema is complete enough for routing to
-# flip (Awa's own readiness list): the sequences and tables its runtimes
-# use, the columns of the latest layout, and the claim function runtimes
-# call with the columns its result must name. The catalogs only (no
-# privilege on the objects is needed, not even USAGE on their schema);
-# evaluated only while prepared. Each list is a "none of these is missing"
-# test, so it holds no count to keep in step.
-_PREPARED_SCHEMA_READY = """
-    NOT EXISTS (
-        SELECT 1
-        FROM unnest(ARRAY[
-            'job_id_seq', 'lease_claim_receipt_id_seq', 'lease_claim_batch_id_seq',
-            'queue_ring_state', 'ready_entries', 'ready_claim_attempt_batches',
-            'ready_tombstones', 'ready_segments', 'done_entries',
-            'receipt_completion_batches', 'receipt_completion_tombstones',
-            'queue_terminal_count_deltas', 'leases', 'deferred_jobs', 'lease_claims',
-            'lease_claim_batches', 'lease_claim_closures', 'lease_claim_closure_batches'
-        ]::name[]) AS wanted(relation_name)
-        WHERE NOT EXISTS (
-            SELECT 1 FROM pg_class AS rel
-            JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
-            WHERE nsp.nspname = status.queue_storage_schema
-              AND rel.relname = wanted.relation_name
-        )
-    )
-    AND NOT EXISTS (
-        SELECT 1
-        FROM (VALUES
-            ('lease_claim_closure_batches', 'receipt_ranges'),
-            ('queue_claim_heads', 'ready_segment_slot'),
-            ('queue_claim_heads', 'ready_segment_generation'),
-            ('queue_claim_heads', 'ready_segment_next_lane_seq')
-        ) AS wanted(table_name, column_name)
-        WHERE NOT EXISTS (
-            SELECT 1 FROM pg_attribute AS att
-            JOIN pg_class AS rel ON rel.oid = att.attrelid
-            JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
-            WHERE nsp.nspname = status.queue_storage_schema
-              AND rel.relname = wanted.table_name
-              AND att.attname = wanted.column_name
-              AND att.attnum > 0 AND NOT att.attisdropped
-        )
-    )
-    AND EXISTS (
-        SELECT 1 FROM pg_proc AS proc
-        JOIN pg_namespace AS nsp ON nsp.oid = proc.pronamespace
-        WHERE nsp.nspname = status.queue_storage_schema
-          AND proc.proname = 'claim_ready_runtime'
-          AND proc.proargtypes = array_to_string(ARRAY['text', 'int8', 'float8', 'float8']::regtype[]::oid[], ' ')::oidvector
-          AND strpos(pg_get_function_result(proc.oid), 'receipt_id') > 0
-          AND strpos(pg_get_function_result(proc.oid), 'claim_batch_id') > 0
-          AND strpos(pg_get_function_result(proc.oid), 'claim_batch_index') > 0
-    )
-"""
+# The transition target's check that its prepared schema is complete.
+_PREPARED_SCHEMA_READY = transition_target().prepared_schema_ready
+if _PREPARED_SCHEMA_READY is None:
+    raise RuntimeError(f"{transition_target()!r} leads no staged transition: it has no readiness check")
 
 # One row. awa.canonical_live_backlog() is a function (not inlined: it sets
 # its search_path), so on finalised queue storage, where the CASE does not
@@ -138,7 +89,7 @@ INFO_SQL = Statement(
             current_engine,
             active_engine,
             prepared_engine,
-            COALESCE(NULLIF(details->>'schema', ''), 'awa') AS queue_storage_schema
+            COALESCE(NULLIF(details->>'schema', ''), 'awa') AS storage_schema
         FROM awa.storage_status()
     ),
     live_runtime AS (
