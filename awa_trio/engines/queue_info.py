@@ -26,7 +26,8 @@ so its leader records them, with awa-worker's meaning:
   ``awa.jobs_hot`` row not completed, failed or cancelled, plus every
   ``awa.scheduled_jobs`` row;
 * enter mixed transition is ready in state ``prepared`` with
-  ``queue_storage`` prepared, its schema complete, no live ``canonical``
+  ``queue_storage`` prepared, its schema complete (the target engine's
+  ``prepared_schema_ready``), no live ``canonical``
   runtime and at least one live runtime with role ``queue_storage_target``
   and capability ``queue_storage``;
 * finalize is ready in ``mixed_transition`` with ``queue_storage`` prepared,
