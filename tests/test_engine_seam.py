@@ -529,17 +529,18 @@ def test_the_transition_targets_are_the_engines_with_a_readiness_check():
     assert {engine.name for engine in engines.known_engines() if engine.prepared_schema_ready} == set(
         states.TRANSITION_TARGETS
     )
-    assert engines.transition_target().name in states.TRANSITION_TARGETS
 
 
-def test_the_storage_report_asks_the_target_for_its_readiness_and_names_none_of_its_tables():
+def test_the_storage_report_names_none_of_the_target_engines_tables():
     from awa_trio.engines import queue_info
 
-    target = engines.transition_target()
+    (target_name,) = states.TRANSITION_TARGETS
+    target = engines.engine_named(target_name)
     assert target.prepared_schema_ready is not None
-    assert target.prepared_schema_ready in queue_info.INFO_SQL.bind()[0]
+    assert target.prepared_schema_ready.parameters == ("storage_schema",)
     source = (ROOT / "awa_trio" / "engines" / "queue_info.py").read_text()
     assert "claim_ready_runtime" not in source and "deferred_jobs" not in source
+    assert "claim_ready_runtime" not in queue_info.INFO_SQL.render()
 
 
 def test_the_words_rescue_reasons_and_ring_examples_come_from_the_engines():
@@ -581,5 +582,5 @@ def test_the_runtime_vocabulary_is_the_maps():
     assert runtime_instance.STORAGE_CAPABILITY == "queue_storage"
     assert queue_info.FINALIZE_BLOCKERS == {39: ("canonical", "canonical_drain_only"), 40: ("canonical",)}
     text = queue_info.INFO_SQL.render()
-    assert "status.prepared_engine = 'queue_storage'" in text
+    assert "WHEN status.active_engine = 'queue_storage'" in text
     assert "transition_role = 'queue_storage_target' AND storage_capability = 'queue_storage'" in text

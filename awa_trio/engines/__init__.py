@@ -61,7 +61,6 @@ __all__ = [
     "every_branch_name",
     "known_engines",
     "planes",
-    "transition_target",
 ]
 
 #: Known engines, by name: the module holding each one's ``ENGINE``.
@@ -83,13 +82,6 @@ def engine_named(name: str) -> Engine:
 def known_engines() -> tuple[Engine, ...]:
     """Every engine of this release (imports each one's light engine module)."""
     return tuple(engine_named(name) for name in SUPPORTED_ENGINES)
-
-
-def transition_target() -> Engine:
-    """The engine a staged transition leads into (Awa's storage report
-    compares with one target)."""
-    (name,) = states.TRANSITION_TARGETS
-    return engine_named(name)
 
 
 def engine_for(info: StorageState) -> Engine:

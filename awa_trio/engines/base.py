@@ -218,12 +218,12 @@ class Engine:
     #: identifiers ``python -m awa_trio sql`` shows for its statements whose
     #: slots name the partitions of one ring slot; None: it has none.
     sql_examples: Callable[[str, int], dict[str, dict[str, str]]] | None
-    #: A SQL boolean over ``status.storage_schema`` (the schema
-    #: ``awa.storage_status()`` names): its schema, prepared for a staged
-    #: transition into it, is complete enough for routing to flip (the
-    #: storage report's ``transition_ready``); None: no transition leads
-    #: into it.
-    prepared_schema_ready: str | None
+    #: One row, column ``ready``: whether its schema (parameter
+    #: ``storage_schema``, the one ``awa.storage_status()`` names), prepared
+    #: for a staged transition into it, is complete enough for routing to
+    #: flip (the storage report's ``transition_ready``); None: no transition
+    #: leads into it.
+    prepared_schema_ready: Statement | None
 
     def __post_init__(self) -> None:
         check_engine(self)
@@ -248,7 +248,7 @@ ENGINE_PIECES: tuple[tuple[str, str], ...] = (
     ("wording", "how migrate and the demo describe a database it leads (Wording)"),
     ("rescue_reasons", "() -> {error text: rescue kind} of its rescues, for the demo's narration"),
     ("sql_examples", "the ring identifiers `awa_trio sql` shows for its slot statements, or None"),
-    ("prepared_schema_ready", "SQL: its prepared schema is complete enough to enter a transition, or None"),
+    ("prepared_schema_ready", "the statement saying its prepared schema can enter a transition, or None"),
 )
 
 #: The type each piece must have (None allowed where the checklist says so).
@@ -268,7 +268,7 @@ _KINDS: dict[str, tuple[type, ...] | str] = {
     "wording": (Wording,),
     "rescue_reasons": "callable",
     "sql_examples": "callable",
-    "prepared_schema_ready": (str,),
+    "prepared_schema_ready": (Statement,),
 }
 
 

@@ -1,5 +1,6 @@
 """Descriptor and storage-transition gauges, read by queue_stats on either
-engine in one statement per tick.
+engine in one statement per tick (two while a staged transition is
+prepared: the engine it leads into checks its schema).
 
 * ``awa.queue.info``: one series per declared queue (value 1) carrying its
   descriptor as labels, the join target Awa's Grafana dashboard uses to show
@@ -26,10 +27,10 @@ so its leader records them, with awa-worker's meaning:
   ``awa.jobs_hot`` row not completed, failed or cancelled, plus every
   ``awa.scheduled_jobs`` row;
 * enter mixed transition is ready in state ``prepared`` with
-  ``queue_storage`` prepared, its schema complete (the target engine's
-  ``prepared_schema_ready``), no live ``canonical``
-  runtime and at least one live runtime with role ``queue_storage_target``
-  and capability ``queue_storage``;
+  ``queue_storage`` prepared, its schema complete (that engine's
+  ``prepared_schema_ready``), no live ``canonical`` runtime and at least one
+  live runtime with role ``queue_storage_target`` and capability
+  ``queue_storage``;
 * finalize is ready in ``mixed_transition`` with ``queue_storage`` prepared,
   a backlog of 0, and no live runtime whose capability keeps
   ``awa.storage_finalize()`` waiting (canonical and drain-only on schema 39,
@@ -68,16 +69,11 @@ from ..schema import (
     accepts_transition,
 )
 from ..sql import Statement
-from . import transition_target
+from . import engine_named
 
 #: The job states awa.queue.depth reports (Awa's list, so dashboards match).
 DEPTH_STATES = ("available", "running", "failed", "scheduled", "retryable", "waiting_external")
 
-
-# The transition target's check that its prepared schema is complete.
-_PREPARED_SCHEMA_READY = transition_target().prepared_schema_ready
-if _PREPARED_SCHEMA_READY is None:
-    raise RuntimeError(f"{transition_target()!r} leads no staged transition: it has no readiness check")
 
 # One row. awa.canonical_live_backlog() is a function (not inlined: it sets
 # its search_path), so on finalised queue storage, where the CASE does not
@@ -124,11 +120,7 @@ INFO_SQL = Statement(
                  AND status.state IS DISTINCT FROM 'mixed_transition' THEN NULL
             ELSE awa.canonical_live_backlog()
         END AS canonical_live_backlog,
-        CASE
-            WHEN status.state = 'prepared' AND status.prepared_engine = {target_engine}
-            THEN {prepared_schema_ready}
-            ELSE false
-        END AS prepared_schema_ready,
+        status.storage_schema,
         (
             SELECT COALESCE(jsonb_object_agg(capability, live), '{}'::jsonb)
             FROM (
@@ -144,7 +136,6 @@ INFO_SQL = Statement(
     FROM (SELECT 1) AS always_one_row
     LEFT JOIN status ON true
 """,
-    prepared_schema_ready=_PREPARED_SCHEMA_READY,
     **STORAGE_REPORT_LITERALS,
 )
 
@@ -163,8 +154,11 @@ def descriptor_attributes(prefix: str, key: str, descriptor: Mapping[str, Any]) 
     return attributes
 
 
-def storage_snapshot(row: Mapping[str, Any], schema_version: int) -> InfoSnapshot:
-    """The gauges' values from one INFO_SQL row (the values Awa's own storage report gives)."""
+def storage_snapshot(
+    row: Mapping[str, Any], schema_version: int, prepared_schema_ready: bool
+) -> InfoSnapshot:
+    """The gauges' values from one INFO_SQL row and the prepared engine's
+    readiness check (the values Awa's own storage report gives)."""
     state = row["state"] or STATE_CANONICAL
     prepared_engine = row["prepared_engine"]
     live = {capability: 0 for capability in STORAGE_CAPABILITIES}
@@ -174,7 +168,7 @@ def storage_snapshot(row: Mapping[str, Any], schema_version: int) -> InfoSnapsho
     enter_mixed_ready = (
         state == STATE_PREPARED
         and accepts_transition(prepared_engine)
-        and bool(row["prepared_schema_ready"])
+        and prepared_schema_ready
         and sum(live.get(capability, 0) for capability in ENTER_MIXED_BLOCKERS) == 0
         and int(row["live_queue_storage_targets"]) > 0
     )
@@ -217,6 +211,19 @@ async def publish_info(ctx: MaintenanceContext) -> InfoSnapshot:
             queue.get("docs_url"),
             list(queue.get("tags") or ()),
         )
-    snapshot = storage_snapshot(row, ctx.schema.version)
+    snapshot = storage_snapshot(row, ctx.schema.version, await _prepared_schema_ready(ctx, row))
     ctx.metrics.set_info_snapshot(snapshot)
     return snapshot
+
+
+async def _prepared_schema_ready(ctx: MaintenanceContext, row: Mapping[str, Any]) -> bool:
+    """While a staged transition is prepared, whether the engine it leads
+    into says its schema is complete (a second statement, in that state
+    only, so that no other state loads that engine)."""
+    prepared_engine = row["prepared_engine"]
+    if row["state"] != STATE_PREPARED or not accepts_transition(prepared_engine):
+        return False
+    check = engine_named(prepared_engine).prepared_schema_ready
+    if check is None:
+        return False
+    return bool(await ctx.db.fetchval(*check.bind(storage_schema=row["storage_schema"])))

@@ -1,4 +1,4 @@
--- Every SQL statement of awa_trio (192 awa_trio.sql.Statement objects), rendered for the
+-- Every SQL statement of awa_trio (193 awa_trio.sql.Statement objects), rendered for the
 -- queue-storage schema awa: `python -m awa_trio sql --schema awa`.
 -- Parameters are shown as PostgreSQL receives them ($1, $2, ...), each header naming
 -- them in that order. Statements whose slots name the partitions of one ring slot are
@@ -1268,57 +1268,7 @@ SELECT
              AND status.state IS DISTINCT FROM 'mixed_transition' THEN NULL
         ELSE awa.canonical_live_backlog()
     END AS canonical_live_backlog,
-    CASE
-        WHEN status.state = 'prepared' AND status.prepared_engine = 'queue_storage'
-        THEN
-NOT EXISTS (
-    SELECT 1
-    FROM unnest(ARRAY[
-        'job_id_seq', 'lease_claim_receipt_id_seq', 'lease_claim_batch_id_seq',
-        'queue_ring_state', 'ready_entries', 'ready_claim_attempt_batches',
-        'ready_tombstones', 'ready_segments', 'done_entries',
-        'receipt_completion_batches', 'receipt_completion_tombstones',
-        'queue_terminal_count_deltas', 'leases', 'deferred_jobs', 'lease_claims',
-        'lease_claim_batches', 'lease_claim_closures', 'lease_claim_closure_batches'
-    ]::name[]) AS wanted(relation_name)
-    WHERE NOT EXISTS (
-        SELECT 1 FROM pg_class AS rel
-        JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
-        WHERE nsp.nspname = status.storage_schema
-          AND rel.relname = wanted.relation_name
-    )
-)
-AND NOT EXISTS (
-    SELECT 1
-    FROM (VALUES
-        ('lease_claim_closure_batches', 'receipt_ranges'),
-        ('queue_claim_heads', 'ready_segment_slot'),
-        ('queue_claim_heads', 'ready_segment_generation'),
-        ('queue_claim_heads', 'ready_segment_next_lane_seq')
-    ) AS wanted(table_name, column_name)
-    WHERE NOT EXISTS (
-        SELECT 1 FROM pg_attribute AS att
-        JOIN pg_class AS rel ON rel.oid = att.attrelid
-        JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
-        WHERE nsp.nspname = status.storage_schema
-          AND rel.relname = wanted.table_name
-          AND att.attname = wanted.column_name
-          AND att.attnum > 0 AND NOT att.attisdropped
-    )
-)
-AND EXISTS (
-    SELECT 1 FROM pg_proc AS proc
-    JOIN pg_namespace AS nsp ON nsp.oid = proc.pronamespace
-    WHERE nsp.nspname = status.storage_schema
-      AND proc.proname = 'claim_ready_runtime'
-      AND proc.proargtypes = array_to_string(ARRAY['text', 'int8', 'float8', 'float8']::regtype[]::oid[], ' ')::oidvector
-      AND strpos(pg_get_function_result(proc.oid), 'receipt_id') > 0
-      AND strpos(pg_get_function_result(proc.oid), 'claim_batch_id') > 0
-      AND strpos(pg_get_function_result(proc.oid), 'claim_batch_index') > 0
-)
-
-        ELSE false
-    END AS prepared_schema_ready,
+    status.storage_schema,
     (
         SELECT COALESCE(jsonb_object_agg(capability, live), '{}'::jsonb)
         FROM (
@@ -1676,6 +1626,56 @@ SELECT state::text AS state, count(*) AS jobs,
 FROM awa.deferred_jobs
 WHERE run_at <= now()
 GROUP BY state ORDER BY state;
+
+-- awa_trio.engines.queue_storage.engine.PREPARED_SCHEMA_READY_SQL
+-- parameters: $1 :storage_schema
+SELECT (
+    NOT EXISTS (
+        SELECT 1
+        FROM unnest(ARRAY[
+            'job_id_seq', 'lease_claim_receipt_id_seq', 'lease_claim_batch_id_seq',
+            'queue_ring_state', 'ready_entries', 'ready_claim_attempt_batches',
+            'ready_tombstones', 'ready_segments', 'done_entries',
+            'receipt_completion_batches', 'receipt_completion_tombstones',
+            'queue_terminal_count_deltas', 'leases', 'deferred_jobs', 'lease_claims',
+            'lease_claim_batches', 'lease_claim_closures', 'lease_claim_closure_batches'
+        ]::name[]) AS wanted(relation_name)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM pg_class AS rel
+            JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
+            WHERE nsp.nspname = $1
+              AND rel.relname = wanted.relation_name
+        )
+    )
+    AND NOT EXISTS (
+        SELECT 1
+        FROM (VALUES
+            ('lease_claim_closure_batches', 'receipt_ranges'),
+            ('queue_claim_heads', 'ready_segment_slot'),
+            ('queue_claim_heads', 'ready_segment_generation'),
+            ('queue_claim_heads', 'ready_segment_next_lane_seq')
+        ) AS wanted(table_name, column_name)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM pg_attribute AS att
+            JOIN pg_class AS rel ON rel.oid = att.attrelid
+            JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
+            WHERE nsp.nspname = $1
+              AND rel.relname = wanted.table_name
+              AND att.attname = wanted.column_name
+              AND att.attnum > 0 AND NOT att.attisdropped
+        )
+    )
+    AND EXISTS (
+        SELECT 1 FROM pg_proc AS proc
+        JOIN pg_namespace AS nsp ON nsp.oid = proc.pronamespace
+        WHERE nsp.nspname = $1
+          AND proc.proname = 'claim_ready_runtime'
+          AND proc.proargtypes = array_to_string(ARRAY['text', 'int8', 'float8', 'float8']::regtype[]::oid[], ' ')::oidvector
+          AND strpos(pg_get_function_result(proc.oid), 'receipt_id') > 0
+          AND strpos(pg_get_function_result(proc.oid), 'claim_batch_id') > 0
+          AND strpos(pg_get_function_result(proc.oid), 'claim_batch_index') > 0
+    )
+) AS ready;
 
 -- awa_trio.engines.queue_storage.engine.RESCUE_BACKLOG_SQL
 -- parameters: $1 :staleness

@@ -32,61 +32,63 @@ DUE_COUNTS_SQL = Statement("""
 RESCUE_BACKLOG_SQL = rescue_backlog("awa.jobs")
 
 
-#: Whether its schema, prepared for a staged transition, is complete enough
-#: for routing to flip (Awa's own readiness list): the sequences and tables
-#: its runtimes use, the columns of the latest layout, and the claim
-#: function runtimes call with the columns its result must name. A SQL
-#: boolean over ``status.storage_schema`` for the storage report, which
-#: evaluates it only while prepared; the catalogs only (no privilege on the
-#: objects is needed, not even USAGE on their schema). Each list is a "none
-#: of these is missing" test, so it holds no count to keep in step.
-PREPARED_SCHEMA_READY = """
-    NOT EXISTS (
-        SELECT 1
-        FROM unnest(ARRAY[
-            'job_id_seq', 'lease_claim_receipt_id_seq', 'lease_claim_batch_id_seq',
-            'queue_ring_state', 'ready_entries', 'ready_claim_attempt_batches',
-            'ready_tombstones', 'ready_segments', 'done_entries',
-            'receipt_completion_batches', 'receipt_completion_tombstones',
-            'queue_terminal_count_deltas', 'leases', 'deferred_jobs', 'lease_claims',
-            'lease_claim_batches', 'lease_claim_closures', 'lease_claim_closure_batches'
-        ]::name[]) AS wanted(relation_name)
-        WHERE NOT EXISTS (
-            SELECT 1 FROM pg_class AS rel
-            JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
-            WHERE nsp.nspname = status.storage_schema
-              AND rel.relname = wanted.relation_name
+#: Whether its schema (``:storage_schema``), prepared for a staged transition, is
+#: complete enough for routing to flip (Awa's own readiness list): the
+#: sequences and tables its runtimes use, the columns of the latest layout,
+#: and the claim function runtimes call with the columns its result must
+#: name. The catalogs only (no privilege on the objects is needed, not even
+#: USAGE on their schema); the storage report runs it only while a
+#: transition into queue storage is prepared. Each list is a "none of these
+#: is missing" test, so it holds no count to keep in step.
+PREPARED_SCHEMA_READY_SQL = Statement("""
+    SELECT (
+        NOT EXISTS (
+            SELECT 1
+            FROM unnest(ARRAY[
+                'job_id_seq', 'lease_claim_receipt_id_seq', 'lease_claim_batch_id_seq',
+                'queue_ring_state', 'ready_entries', 'ready_claim_attempt_batches',
+                'ready_tombstones', 'ready_segments', 'done_entries',
+                'receipt_completion_batches', 'receipt_completion_tombstones',
+                'queue_terminal_count_deltas', 'leases', 'deferred_jobs', 'lease_claims',
+                'lease_claim_batches', 'lease_claim_closures', 'lease_claim_closure_batches'
+            ]::name[]) AS wanted(relation_name)
+            WHERE NOT EXISTS (
+                SELECT 1 FROM pg_class AS rel
+                JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
+                WHERE nsp.nspname = :storage_schema
+                  AND rel.relname = wanted.relation_name
+            )
         )
-    )
-    AND NOT EXISTS (
-        SELECT 1
-        FROM (VALUES
-            ('lease_claim_closure_batches', 'receipt_ranges'),
-            ('queue_claim_heads', 'ready_segment_slot'),
-            ('queue_claim_heads', 'ready_segment_generation'),
-            ('queue_claim_heads', 'ready_segment_next_lane_seq')
-        ) AS wanted(table_name, column_name)
-        WHERE NOT EXISTS (
-            SELECT 1 FROM pg_attribute AS att
-            JOIN pg_class AS rel ON rel.oid = att.attrelid
-            JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
-            WHERE nsp.nspname = status.storage_schema
-              AND rel.relname = wanted.table_name
-              AND att.attname = wanted.column_name
-              AND att.attnum > 0 AND NOT att.attisdropped
+        AND NOT EXISTS (
+            SELECT 1
+            FROM (VALUES
+                ('lease_claim_closure_batches', 'receipt_ranges'),
+                ('queue_claim_heads', 'ready_segment_slot'),
+                ('queue_claim_heads', 'ready_segment_generation'),
+                ('queue_claim_heads', 'ready_segment_next_lane_seq')
+            ) AS wanted(table_name, column_name)
+            WHERE NOT EXISTS (
+                SELECT 1 FROM pg_attribute AS att
+                JOIN pg_class AS rel ON rel.oid = att.attrelid
+                JOIN pg_namespace AS nsp ON nsp.oid = rel.relnamespace
+                WHERE nsp.nspname = :storage_schema
+                  AND rel.relname = wanted.table_name
+                  AND att.attname = wanted.column_name
+                  AND att.attnum > 0 AND NOT att.attisdropped
+            )
         )
-    )
-    AND EXISTS (
-        SELECT 1 FROM pg_proc AS proc
-        JOIN pg_namespace AS nsp ON nsp.oid = proc.pronamespace
-        WHERE nsp.nspname = status.storage_schema
-          AND proc.proname = 'claim_ready_runtime'
-          AND proc.proargtypes = array_to_string(ARRAY['text', 'int8', 'float8', 'float8']::regtype[]::oid[], ' ')::oidvector
-          AND strpos(pg_get_function_result(proc.oid), 'receipt_id') > 0
-          AND strpos(pg_get_function_result(proc.oid), 'claim_batch_id') > 0
-          AND strpos(pg_get_function_result(proc.oid), 'claim_batch_index') > 0
-    )
-"""
+        AND EXISTS (
+            SELECT 1 FROM pg_proc AS proc
+            JOIN pg_namespace AS nsp ON nsp.oid = proc.pronamespace
+            WHERE nsp.nspname = :storage_schema
+              AND proc.proname = 'claim_ready_runtime'
+              AND proc.proargtypes = array_to_string(ARRAY['text', 'int8', 'float8', 'float8']::regtype[]::oid[], ' ')::oidvector
+              AND strpos(pg_get_function_result(proc.oid), 'receipt_id') > 0
+              AND strpos(pg_get_function_result(proc.oid), 'claim_batch_id') > 0
+              AND strpos(pg_get_function_result(proc.oid), 'claim_batch_index') > 0
+        )
+    ) AS ready
+""")
 
 
 def _branches(config: MaintenanceConfig) -> list[BranchSpec]:
@@ -171,5 +173,5 @@ ENGINE = Engine(
     ),
     rescue_reasons=_rescue_reasons,
     sql_examples=_sql_examples,
-    prepared_schema_ready=PREPARED_SCHEMA_READY,
+    prepared_schema_ready=PREPARED_SCHEMA_READY_SQL,
 )
