@@ -896,8 +896,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # about the unflushed rest when it exits.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except KeyboardInterrupt:
-        # Ctrl-C (or SIGTERM, see __main__) before a command's own handling
-        # began, while the arguments were read: a stop, as at any later moment.
+        # Ctrl-C in a caller that runs main() itself (``python -m`` records
+        # it instead, see startup_stop): a stop, as at any later moment.
         code = EXIT_OK
     return code
 

@@ -125,6 +125,14 @@ class EmbeddedPostgres:
     def _start(self) -> None:
         self._check_aborted()
         install = _package_binaries()
+        if os.geteuid() == 0:
+            # Before anything is made: the server's directory goes here.
+            closed = _closed_to_others(Path(tempfile.gettempdir()))
+            if closed is not None:
+                raise EmbeddedPostgresError(
+                    f"{closed} is closed to the user {UNPRIVILEGED_USER}, who runs PostgreSQL when this runs "
+                    "as root: point TMPDIR at a directory others may enter"
+                )
         self.directory = Path(tempfile.mkdtemp(prefix="awa_trio_pg_"))
         self._reaper = subprocess.Popen(
             [sys.executable, "-I", str(Path(__file__).with_name("_embedded_reaper.py")), str(self.directory)],
@@ -136,12 +144,6 @@ class EmbeddedPostgres:
         run_as: str | None = None
         if os.geteuid() == 0:
             run_as = UNPRIVILEGED_USER
-            closed = _closed_to_others(self.directory.parent)
-            if closed is not None:
-                raise EmbeddedPostgresError(
-                    f"{closed} is closed to the user {UNPRIVILEGED_USER}, who runs PostgreSQL when this runs "
-                    "as root: point TMPDIR at a directory others may enter"
-                )
             # A private copy the unprivileged user can read, whatever the
             # permissions of the directories above the installed package.
             # The binaries find their shared libraries through an rpath into
